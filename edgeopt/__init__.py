@@ -1,0 +1,29 @@
+"""edgeopt: target-aware compression, conversion and validation of neural networks for edge devices.
+
+Public API (imported lazily so that ``edgeopt.device`` stays free of torch and nncf)::
+
+    import edgeopt
+    result = edgeopt.compress("model.onnx", "calib.npz", out="out/", recipe="int8")
+"""
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "compress": "edgeopt.pipeline",
+    "CompressResult": "edgeopt.pipeline",
+    "load_model": "edgeopt.source",
+    "load_samples": "edgeopt.data",
+    "parse_recipe": "edgeopt.recipe",
+    "QualityGate": "edgeopt.evaluate",
+    "RuntimeSettings": "edgeopt.device.runtime",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'edgeopt' has no attribute '{name}'")

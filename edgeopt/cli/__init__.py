@@ -1,0 +1,62 @@
+"""The ``edgeopt`` command line. Library errors become one-line messages and the documented exit codes."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+import traceback
+import warnings
+
+import click
+
+from edgeopt import __version__
+from edgeopt.errors import EdgeoptError
+
+LOG_PATH = os.path.join(tempfile.gettempdir(), "edgeopt-last-error.log")
+
+
+class _Group(click.Group):
+    """Turns exceptions into messages: typed errors keep their exit code, anything else is a bug (exit 1)."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except EdgeoptError as exc:
+            click.echo(f"edgeopt: {exc}", err=True)
+            sys.exit(exc.exit_code)
+        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
+            raise
+        except KeyboardInterrupt:
+            click.echo("edgeopt: interrupted; no output was written", err=True)
+            sys.exit(130)
+        except Exception as exc:  # a bug: short message, full traceback in the log
+            with open(LOG_PATH, "w", encoding="utf-8") as log:
+                traceback.print_exc(file=log)
+            click.echo(f"edgeopt: internal error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                       f" (traceback in {LOG_PATH})", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="edgeopt")
+def main() -> None:
+    """Compress, convert and validate neural networks for edge devices."""
+    _quiet_libraries()
+
+
+def _quiet_libraries() -> None:
+    warnings.filterwarnings("ignore")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    logging.getLogger("nncf").setLevel(logging.ERROR)
+    logging.getLogger("torch").setLevel(logging.ERROR)
+
+
+def _register() -> None:
+    from edgeopt.cli import compress
+
+    main.add_command(compress.compress)
+
+
+_register()

@@ -1,0 +1,71 @@
+"""``edgeopt compress``: load → compress → convert → (validate) and write artifacts atomically."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from edgeopt.errors import BadInputError, QualityGateError
+
+
+@click.command()
+@click.argument("model")
+@click.option("--calib", "calibration", required=True, help="Calibration data: .npz, .npy, image folder or file.py:fn.")
+@click.option("--out", required=True, type=click.Path(), help="Output folder (written atomically).")
+@click.option("--format", "formats", default=None, help="Comma-separated: openvino,onnx (default: both, "
+              "openvino only for an OpenVINO IR input).")
+@click.option("--precision", type=click.Choice(["int8", "fp16", "fp32"]), default=None,
+              help="Output precision (shorthand for a one-step recipe; default int8).")
+@click.option("--recipe", default=None, help="Steps, e.g. prune,distill,int8, or a recipe .toml file.")
+@click.option("--eval", "eval_data", default=None, help="Evaluation data (with labels for top-1).")
+@click.option("--max-drop", default=1.0, show_default=True, type=float,
+              help="Quality gate: largest allowed top-1 drop, in percentage points.")
+@click.option("--min-cosine", default=0.99, show_default=True, type=float,
+              help="Quality gate without labels: smallest allowed cosine similarity to the original outputs.")
+@click.option("--input-shape", "input_shapes", multiple=True, help="NAME=D1,D2,... for dynamic inputs.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--json", "json_out", default=None, help="Write the report as JSON to this file ('-' for stdout).")
+@click.option("--quiet", is_flag=True, help="Print nothing but errors.")
+def compress(model, calibration, out, formats, precision, recipe, eval_data, max_drop, min_cosine, input_shapes,
+             seed, json_out, quiet):
+    """Compress MODEL (ONNX, OpenVINO IR, file.py:factory, TorchScript or .pt2) and write IR/ONNX to OUT."""
+    from edgeopt import atomic
+    from edgeopt.evaluate import QualityGate
+    from edgeopt.export import parse_formats
+    from edgeopt.pipeline import compress as run_compress
+    from edgeopt.recipe import parse_recipe
+    from edgeopt.report_console import print_compress_result
+    from edgeopt.source import parse_input_shapes
+
+    recipe_obj = _recipe(recipe, precision, parse_recipe)
+    if formats is None:
+        formats = "openvino" if model.lower().endswith(".xml") else "openvino,onnx"
+    result = run_compress(model, calibration, out=out, recipe=recipe_obj, formats=parse_formats(formats),
+                          eval_data=eval_data, gate=QualityGate(max_drop=max_drop / 100.0, min_cosine=min_cosine),
+                          input_shapes=parse_input_shapes(input_shapes), seed=seed)
+    report = result.describe()
+    if json_out == "-":
+        click.echo(json.dumps(report, indent=2))
+    elif json_out:
+        atomic.write_text(json_out, json.dumps(report, indent=2))
+    if not quiet and json_out != "-":
+        print_compress_result(result)
+    if not result.quality_passed:
+        failed = [f"{name}: {msg}" for name, (ok, msg) in result.gate_results.items() if not ok]
+        raise QualityGateError("quality gate failed: " + "; ".join(failed))
+
+
+def _recipe(recipe: str | None, precision: str | None, parse):
+    if recipe is None:
+        return parse(precision if precision in ("int8", "fp16") else ("" if precision == "fp32" else "int8"))
+    parsed = parse(recipe)
+    if precision is None:
+        return parsed
+    from edgeopt.passes import get_pass
+    from edgeopt.recipe import Recipe, Step
+
+    if any(get_pass(s.name).stage == "graph" for s in parsed.steps):
+        raise BadInputError("give either --precision or a recipe with a precision step, not both")
+    return parsed if precision == "fp32" else Recipe(parsed.steps + (Step(precision),))

@@ -1,0 +1,231 @@
+"""Calibration and evaluation data: load samples from files or a hook, check them against the model's inputs.
+
+Supported sources:
+- ``.npz``: one array per model input (keyed by input name; a single-input model also accepts ``x``/``input``),
+  plus optional ``labels`` (or ``y``); samples are stacked on axis 0.
+- ``.npy``: one array for a single-input model, samples stacked on axis 0.
+- a folder of images (``.png``/``.jpg``/``.bmp``), optionally in one sub-folder per class (labels from sorted
+  folder names); preprocessing from ``preprocess.toml`` in the folder (see ``Preprocess``).
+- ``file.py:function``: a function returning an iterable of samples; a sample is an array, a dict of arrays
+  by input name, or an ``(input, label)`` pair.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+from edgeopt.device.runtime import TensorSpec, format_shape
+from edgeopt.errors import BadInputError, first_line
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
+_SINGLE_INPUT_KEYS = ("x", "input", "inputs", "data", "images")
+_LABEL_KEYS = ("labels", "label", "y")
+
+
+@dataclass
+class SampleSet:
+    """Batch-1 samples as dicts of arrays by input name, with optional integer labels."""
+
+    samples: list[dict[str, np.ndarray]]
+    labels: np.ndarray | None
+    source: str
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def take(self, count: int | None) -> "SampleSet":
+        if count is None or count >= len(self.samples):
+            return self
+        labels = None if self.labels is None else self.labels[:count]
+        return SampleSet(self.samples[:count], labels, self.source)
+
+    def to_nncf(self):
+        """Wrap as ``nncf.Dataset``; each item is an input dict, fed by name to OpenVINO and ONNX models."""
+        import nncf
+
+        return nncf.Dataset(self.samples)
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """Image preprocessing, read from ``preprocess.toml`` beside the images (every key optional)."""
+
+    size: tuple[int, int] | None = None  # (height, width); default: the model's input size
+    color: str = "rgb"  # rgb | bgr | gray
+    scale: float = 1.0 / 255.0
+    mean: tuple[float, ...] = (0.0,)
+    std: tuple[float, ...] = (1.0,)
+    layout: str | None = None  # NCHW | NHWC; default: NCHW when dim 1 is 1 or 3
+
+    @classmethod
+    def load(cls, path: Path) -> "Preprocess":
+        if not path.is_file():
+            return cls()
+        try:
+            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise BadInputError(f"{path}: not valid TOML ({first_line(exc)})") from exc
+        allowed = {f.name for f in fields(cls)}
+        unknown = set(raw) - allowed
+        if unknown:
+            raise BadInputError(f"{path}: unknown key(s) {', '.join(sorted(unknown))} (allowed: {', '.join(sorted(allowed))})")
+        for key in ("size", "mean", "std"):
+            if key in raw:
+                raw[key] = tuple(raw[key])
+        return cls(**raw)
+
+
+def load_samples(spec: str | Path, inputs: list[TensorSpec]) -> SampleSet:
+    """Load ``spec`` as samples matching ``inputs``; an empty or mismatched set is a ``BadInputError``."""
+    text = str(spec)
+    head, sep, func = text.rpartition(":")
+    if sep and head.endswith(".py") and func.isidentifier():
+        raw, labels = _from_hook(Path(head), func, inputs)
+    else:
+        path = Path(text)
+        if not path.exists():
+            raise BadInputError(f"{path}: no such data file or folder")
+        if path.is_dir():
+            raw, labels = _from_images(path, inputs)
+        elif path.suffix.lower() == ".npz":
+            raw, labels = _from_npz(path, inputs)
+        elif path.suffix.lower() == ".npy":
+            raw, labels = _from_npy(path, inputs)
+        else:
+            raise BadInputError(f"{path}: unknown data format (expected .npz, .npy, an image folder or file.py:function)")
+    samples = [_check_sample(text, index, sample, inputs) for index, sample in enumerate(raw)]
+    if not samples:
+        raise BadInputError(f"{text}: the data set is empty")
+    if labels is not None and len(labels) != len(samples):
+        raise BadInputError(f"{text}: {len(labels)} labels for {len(samples)} samples")
+    return SampleSet(samples, None if labels is None else np.asarray(labels, dtype=np.int64), text)
+
+
+def _check_sample(source: str, index: int, sample: dict[str, np.ndarray], inputs: list[TensorSpec]) -> dict:
+    names = [spec.name for spec in inputs]
+    if set(sample) != set(names):
+        raise BadInputError(f"{source}: sample {index} has inputs {sorted(sample)}, the model expects {sorted(names)}")
+    checked = {}
+    for spec in inputs:
+        value = np.asarray(sample[spec.name])
+        if value.shape == tuple(spec.shape[1:]) and spec.shape[0] == 1:
+            value = value[None]
+        if value.shape != tuple(spec.shape):
+            raise BadInputError(f"{source}: sample {index} input '{spec.name}' has shape {format_shape(value.shape)}, "
+                                f"the model expects {format_shape(spec.shape)}")
+        checked[spec.name] = np.ascontiguousarray(value.astype(spec.dtype, copy=False))
+    return checked
+
+
+def _split(array: np.ndarray, spec: TensorSpec, source: Path) -> list[np.ndarray]:
+    """Split stacked samples along axis 0 into batch-sized pieces of ``spec.shape``."""
+    batch = spec.shape[0] or 1
+    if array.ndim != len(spec.shape) or array.shape[0] % batch:
+        raise BadInputError(f"{source}: array for input '{spec.name}' has shape {format_shape(array.shape)}, "
+                            f"expected samples stacked on axis 0 with shape {format_shape(spec.shape)} each")
+    return [array[i:i + batch] for i in range(0, array.shape[0], batch)]
+
+
+def _from_npz(path: Path, inputs: list[TensorSpec]):
+    try:
+        archive = dict(np.load(path, allow_pickle=False))
+    except Exception as exc:
+        raise BadInputError(f"{path}: not a readable .npz file ({first_line(exc)})") from exc
+    label_key = next((k for k in _LABEL_KEYS if k in archive), None)
+    labels = archive.pop(label_key) if label_key else None
+    if len(inputs) == 1 and inputs[0].name not in archive:
+        key = next((k for k in _SINGLE_INPUT_KEYS if k in archive), None)
+        if key is None and len(archive) == 1:
+            key = next(iter(archive))
+        if key is None:
+            raise BadInputError(f"{path}: no array named '{inputs[0].name}' (found {', '.join(sorted(archive)) or 'none'})")
+        archive = {inputs[0].name: archive[key]}
+    missing = [spec.name for spec in inputs if spec.name not in archive]
+    if missing:
+        raise BadInputError(f"{path}: no array for input(s) {', '.join(missing)} (found {', '.join(sorted(archive))})")
+    per_input = {spec.name: _split(archive[spec.name], spec, path) for spec in inputs}
+    counts = {len(v) for v in per_input.values()}
+    if len(counts) > 1:
+        raise BadInputError(f"{path}: inputs hold different numbers of samples ({sorted(counts)})")
+    count = counts.pop()
+    return [{name: arrays[i] for name, arrays in per_input.items()} for i in range(count)], labels
+
+
+def _from_npy(path: Path, inputs: list[TensorSpec]):
+    if len(inputs) != 1:
+        raise BadInputError(f"{path}: a .npy file feeds one input; this model has {len(inputs)} (use .npz)")
+    try:
+        array = np.load(path, allow_pickle=False)
+    except Exception as exc:
+        raise BadInputError(f"{path}: not a readable .npy file ({first_line(exc)})") from exc
+    return [{inputs[0].name: piece} for piece in _split(array, inputs[0], path)], None
+
+
+def _from_images(folder: Path, inputs: list[TensorSpec]):
+    from PIL import Image, UnidentifiedImageError
+
+    if len(inputs) != 1 or len(inputs[0].shape) != 4:
+        raise BadInputError(f"{folder}: an image folder feeds one 4-D image input")
+    spec = inputs[0]
+    prep = Preprocess.load(folder / "preprocess.toml")
+    layout = prep.layout or ("NCHW" if spec.shape[1] in (1, 3) else "NHWC")
+    height, width = prep.size or ((spec.shape[2], spec.shape[3]) if layout == "NCHW" else (spec.shape[1], spec.shape[2]))
+    files = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+    classes = sorted({p.parent.name for p in files if p.parent != folder})
+    labels = [classes.index(p.parent.name) for p in files] if classes and all(p.parent != folder for p in files) else None
+    samples = []
+    for file in files:
+        try:
+            with Image.open(file) as image:
+                image = image.convert("L" if prep.color == "gray" else "RGB").resize((width, height))
+                array = np.asarray(image, dtype=np.float32)
+        except (UnidentifiedImageError, OSError) as exc:
+            raise BadInputError(f"{file}: not a readable image ({first_line(exc)})") from exc
+        if array.ndim == 2:
+            array = array[..., None]
+        if prep.color == "bgr":
+            array = array[..., ::-1]
+        array = (array * prep.scale - np.asarray(prep.mean, np.float32)) / np.asarray(prep.std, np.float32)
+        if layout == "NCHW":
+            array = array.transpose(2, 0, 1)
+        samples.append({spec.name: array[None]})
+    return samples, labels
+
+
+def _from_hook(path: Path, func: str, inputs: list[TensorSpec]):
+    if not path.is_file():
+        raise BadInputError(f"{path}: no such data hook file")
+    name = f"edgeopt_data_{path.stem}_{abs(hash(path.resolve()))}"
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        items = list(getattr(module, func)())
+    except AttributeError:
+        raise BadInputError(f"{path}: has no function '{func}'") from None
+    except Exception as exc:
+        raise BadInputError(f"{path}:{func} failed ({first_line(exc)})") from exc
+    samples, labels = [], []
+    for item in items:
+        label = None
+        if isinstance(item, tuple) and len(item) == 2:
+            item, label = item
+        samples.append(item if isinstance(item, dict) else _single(item, inputs, path))
+        labels.append(label)
+    has_labels = bool(labels) and all(label is not None for label in labels)
+    return samples, ([int(np.asarray(label).reshape(-1)[0]) for label in labels] if has_labels else None)
+
+
+def _single(value, inputs: list[TensorSpec], source: Path) -> dict:
+    if len(inputs) != 1:
+        raise BadInputError(f"{source}: samples for a {len(inputs)}-input model must be dicts by input name")
+    if hasattr(value, "detach"):  # a torch tensor
+        value = value.detach().cpu().numpy()
+    return {inputs[0].name: np.asarray(value)}

@@ -1,0 +1,217 @@
+"""Run a saved model (OpenVINO IR or ONNX) in its runtime with pinned, reportable settings.
+
+Lean module: imports numpy and, lazily, only the runtime the model needs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgeopt.errors import BadInputError, first_line
+
+RUNTIMES = ("openvino", "onnxruntime")
+PRECISIONS = ("f32", "bf16", "f16")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Name, shape (None for a dynamic dimension) and numpy dtype of a model input or output."""
+
+    name: str
+    shape: tuple[int | None, ...]
+    dtype: str
+
+    @property
+    def is_static(self) -> bool:
+        return all(d is not None for d in self.shape)
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """How a model is compiled: every latency figure is reported together with these."""
+
+    runtime: str = "openvino"
+    threads: int | None = None
+    streams: int | None = 1
+    performance_hint: str | None = "LATENCY"
+    inference_precision: str | None = "f32"
+    device: str = "CPU"
+
+    def __post_init__(self) -> None:
+        if self.runtime not in RUNTIMES:
+            raise BadInputError(f"unknown runtime '{self.runtime}' (expected one of {', '.join(RUNTIMES)})")
+        if self.inference_precision is not None and self.inference_precision not in PRECISIONS:
+            raise BadInputError(
+                f"unknown inference precision '{self.inference_precision}' (expected one of {', '.join(PRECISIONS)})"
+            )
+
+    def describe(self) -> dict:
+        return asdict(self)
+
+
+def runtime_for(path: str | Path) -> str:
+    """The runtime that natively loads ``path``: ONNX Runtime for .onnx, OpenVINO for .xml."""
+    suffix = Path(path).suffix.lower()
+    if suffix == ".onnx":
+        return "onnxruntime"
+    if suffix == ".xml":
+        return "openvino"
+    raise BadInputError(f"{path}: not a model file (expected .onnx or OpenVINO .xml)")
+
+
+def runtime_version(runtime: str) -> str:
+    if runtime == "openvino":
+        import openvino as ov
+
+        return ov.get_version()
+    import onnxruntime as ort
+
+    return ort.__version__
+
+
+class Session:
+    """A compiled model ready for inference; ``infer`` takes a dict of numpy arrays by input name."""
+
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    settings: RuntimeSettings
+    compile_seconds: float
+
+    def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def effective_settings(self) -> dict:
+        """Settings as the runtime reports them after compilation (not just what was asked)."""
+        return self.settings.describe()
+
+
+_OV_TYPES = {"f32": "float32", "f16": "float16", "i64": "int64", "i32": "int32", "u8": "uint8", "i8": "int8",
+             "boolean": "bool", "f64": "float64"}
+_ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64",
+              "tensor(int32)": "int32", "tensor(uint8)": "uint8", "tensor(int8)": "int8", "tensor(bool)": "bool",
+              "tensor(double)": "float64"}
+
+
+class OpenVINOSession(Session):
+    def __init__(self, path: Path, settings: RuntimeSettings):
+        import openvino as ov
+
+        self.settings = settings
+        config: dict = {}
+        if settings.performance_hint:
+            config["PERFORMANCE_HINT"] = settings.performance_hint
+        if settings.threads:
+            config["INFERENCE_NUM_THREADS"] = int(settings.threads)
+        if settings.streams:
+            config["NUM_STREAMS"] = int(settings.streams)
+        if settings.inference_precision:
+            config["INFERENCE_PRECISION_HINT"] = settings.inference_precision
+        core = ov.Core()
+        start = time.perf_counter()
+        try:
+            model = core.read_model(str(path))
+            self._compiled = core.compile_model(model, settings.device, config)
+        except RuntimeError as exc:
+            raise BadInputError(f"{path}: OpenVINO cannot load this model ({first_line(exc)})") from exc
+        self.compile_seconds = time.perf_counter() - start
+        self._request = self._compiled.create_infer_request()
+        self.inputs = [_ov_spec(port) for port in self._compiled.inputs]
+        self.outputs = [_ov_spec(port) for port in self._compiled.outputs]
+
+    def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        result = self._request.infer({name: np.ascontiguousarray(value) for name, value in feeds.items()})
+        return [np.array(result[port]) for port in self._compiled.outputs]
+
+    def effective_settings(self) -> dict:
+        described = self.settings.describe()
+        for key, prop in (("threads", "INFERENCE_NUM_THREADS"), ("streams", "NUM_STREAMS"),
+                          ("inference_precision", "INFERENCE_PRECISION_HINT"), ("performance_hint", "PERFORMANCE_HINT")):
+            value = self._compiled.get_property(prop)
+            described[key] = value.to_string() if hasattr(value, "to_string") else str(value)
+        return described
+
+
+class OnnxRuntimeSession(Session):
+    def __init__(self, path: Path, settings: RuntimeSettings):
+        import onnxruntime as ort
+
+        self.settings = settings
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.inter_op_num_threads = 1
+        if settings.threads:
+            options.intra_op_num_threads = int(settings.threads)
+        options.log_severity_level = 3
+        start = time.perf_counter()
+        try:
+            self._session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # ORT raises its own exception types from C++
+            raise BadInputError(f"{path}: ONNX Runtime cannot load this model ({first_line(exc)})") from exc
+        self.compile_seconds = time.perf_counter() - start
+        self.inputs = [TensorSpec(i.name, _ort_shape(i.shape), _ORT_TYPES.get(i.type, i.type))
+                       for i in self._session.get_inputs()]
+        self.outputs = [TensorSpec(o.name, _ort_shape(o.shape), _ORT_TYPES.get(o.type, o.type))
+                        for o in self._session.get_outputs()]
+
+    def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        return self._session.run(None, feeds)
+
+    def effective_settings(self) -> dict:
+        described = self.settings.describe()
+        # ONNX Runtime's CPU provider computes in the model's own precision; there is no precision hint.
+        described["inference_precision"] = "model precision (ONNX Runtime CPU has no precision hint)"
+        described["performance_hint"] = None
+        described["streams"] = 1
+        return described
+
+
+def open_session(path: str | Path, settings: RuntimeSettings | None = None) -> Session:
+    """Load and compile ``path`` in the runtime ``settings`` names (default: the file's native runtime)."""
+    path = Path(path)
+    if not path.is_file():
+        raise BadInputError(f"{path}: no such model file")
+    if settings is None:
+        settings = RuntimeSettings(runtime=runtime_for(path))
+    native = runtime_for(path)
+    if settings.runtime == "onnxruntime" and native != "onnxruntime":
+        raise BadInputError(f"{path}: ONNX Runtime needs an .onnx file")
+    if settings.runtime == "openvino":
+        if native == "openvino" and not path.with_suffix(".bin").is_file():
+            raise BadInputError(f"{path}: the weights file {path.with_suffix('.bin').name} is missing")
+        return OpenVINOSession(path, settings)
+    return OnnxRuntimeSession(path, settings)
+
+
+def random_feeds(inputs: list[TensorSpec], seed: int = 0) -> dict[str, np.ndarray]:
+    """Deterministic random inputs matching static input specs (used for latency measurement)."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for spec in inputs:
+        if not spec.is_static:
+            raise BadInputError(
+                f"input '{spec.name}' has a dynamic shape {format_shape(spec.shape)}; give a static shape"
+            )
+        if np.issubdtype(np.dtype(spec.dtype), np.integer):
+            feeds[spec.name] = rng.integers(0, 2, size=spec.shape).astype(spec.dtype)
+        else:
+            feeds[spec.name] = rng.standard_normal(spec.shape).astype(spec.dtype)
+    return feeds
+
+
+def format_shape(shape: tuple[int | None, ...]) -> str:
+    return "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def _ov_spec(port) -> TensorSpec:
+    shape = tuple(None if d.is_dynamic else d.get_length() for d in port.get_partial_shape())
+    dtype = _OV_TYPES.get(port.get_element_type().get_type_name(), port.get_element_type().get_type_name())
+    name = port.get_any_name() if port.get_names() else f"{port.get_node().get_friendly_name()}:{port.get_index()}"
+    return TensorSpec(name, shape, dtype)
+
+
+def _ort_shape(shape) -> tuple[int | None, ...]:
+    return tuple(d if isinstance(d, int) else None for d in shape)

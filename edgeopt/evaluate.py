@@ -1,0 +1,92 @@
+"""Quality: top-1 accuracy (labelled data) or output fidelity vs the original, and the gate on the drop."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from edgeopt.data import SampleSet
+from edgeopt.device.runtime import RuntimeSettings, open_session
+from edgeopt.errors import QualityGateError
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    """How closely outputs follow the reference's, over all samples of the first output."""
+
+    cosine: float
+    max_abs_error: float
+    mean_abs_error: float
+    top1_agreement: float | None  # share of samples whose argmax matches (classifier-shaped outputs)
+
+
+@dataclass(frozen=True)
+class Quality:
+    name: str
+    top1: float | None  # accuracy in [0, 1] when labels exist
+    fidelity: Fidelity | None  # vs the original (None for the original itself)
+
+    def describe(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class QualityGate:
+    """Passes when top-1 drops by at most ``max_drop`` (absolute, in [0, 1]) or, without labels, when the
+    cosine similarity to the original stays at least ``min_cosine``."""
+
+    max_drop: float = 0.01
+    min_cosine: float = 0.99
+
+    def check(self, reference: Quality, candidate: Quality) -> tuple[bool, str]:
+        if reference.top1 is not None and candidate.top1 is not None:
+            drop = reference.top1 - candidate.top1
+            ok = drop <= self.max_drop + 1e-12
+            return ok, f"top-1 drop {drop * 100:.2f} pp (max {self.max_drop * 100:.2f} pp)"
+        cosine = candidate.fidelity.cosine
+        return cosine >= self.min_cosine, f"cosine {cosine:.5f} (min {self.min_cosine})"
+
+    def enforce(self, reference: Quality, candidates: list[Quality]) -> None:
+        failures = [f"{c.name}: {msg}" for c in candidates for ok, msg in [self.check(reference, c)] if not ok]
+        if failures:
+            raise QualityGateError("quality gate failed: " + "; ".join(failures))
+
+
+def first_outputs(predict, samples: SampleSet) -> np.ndarray:
+    """Run ``predict(feeds) -> list[array]`` on every sample; stack the first output."""
+    return np.concatenate([np.asarray(predict(sample)[0]).reshape(1, -1) for sample in samples.samples])
+
+
+def session_predictor(path, settings: RuntimeSettings):
+    session = open_session(path, settings)
+    return session.infer
+
+
+def torch_predictor(module, input_names: list[str]):
+    import torch
+
+    def predict(feeds: dict) -> list[np.ndarray]:
+        with torch.no_grad():
+            out = module(*(torch.from_numpy(feeds[name]) for name in input_names))
+        out = out if isinstance(out, (tuple, list)) else (out,)
+        return [o.detach().numpy() for o in out]
+
+    return predict
+
+
+def measure_quality(name: str, outputs: np.ndarray, labels: np.ndarray | None,
+                    reference_outputs: np.ndarray | None) -> Quality:
+    top1 = float(np.mean(outputs.argmax(axis=1) == labels)) if labels is not None else None
+    fidelity = compare_outputs(outputs, reference_outputs) if reference_outputs is not None else None
+    return Quality(name, top1, fidelity)
+
+
+def compare_outputs(outputs: np.ndarray, reference: np.ndarray) -> Fidelity:
+    a = outputs.astype(np.float64).reshape(len(outputs), -1)
+    b = reference.astype(np.float64).reshape(len(reference), -1)
+    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    cosine = np.where(norms > 0, np.sum(a * b, axis=1) / np.maximum(norms, 1e-300), 1.0)
+    error = np.abs(a - b)
+    agreement = float(np.mean(a.argmax(axis=1) == b.argmax(axis=1))) if a.shape[1] > 1 else None
+    return Fidelity(float(cosine.mean()), float(error.max()), float(error.mean()), agreement)

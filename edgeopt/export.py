@@ -1,0 +1,76 @@
+"""Save the compressed model as OpenVINO IR and/or ONNX, and describe what was written."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgeopt.errors import BadInputError
+from edgeopt.passes import WorkingModel
+
+FORMATS = ("openvino", "onnx")
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """One saved model: its format, main file (``.xml`` or ``.onnx``), every file it needs, size on disk."""
+
+    format: str
+    path: Path
+    files: tuple[Path, ...]
+    precision: str
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.stat().st_size for f in self.files)
+
+    @property
+    def runtime(self) -> str:
+        return "openvino" if self.format == "openvino" else "onnxruntime"
+
+    def describe(self, relative_to: Path | None = None) -> dict:
+        def rel(p: Path) -> str:
+            return str(p.relative_to(relative_to)) if relative_to else str(p)
+
+        return {"format": self.format, "path": rel(self.path), "precision": self.precision, "bytes": self.bytes,
+                "files": {rel(f): {"bytes": f.stat().st_size, "sha256": sha256(f)} for f in self.files}}
+
+    def moved_to(self, folder: Path) -> "Artifact":
+        """The same artifact once its folder has been renamed to ``folder``."""
+        return Artifact(self.format, folder / self.path.name, tuple(folder / f.name for f in self.files), self.precision)
+
+
+def parse_formats(text: str) -> tuple[str, ...]:
+    formats = tuple(dict.fromkeys(f.strip().lower() for f in text.split(",") if f.strip()))
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown or not formats:
+        raise BadInputError(f"--format: unknown format(s) {', '.join(unknown) or '(none)'} (use openvino, onnx)")
+    return formats
+
+
+def save_artifacts(model: WorkingModel, folder: Path, formats: tuple[str, ...], stem: str = "model") -> list[Artifact]:
+    """Write the working model into ``folder`` (a temporary folder the caller renames atomically)."""
+    import onnx
+    import openvino as ov
+
+    artifacts = []
+    if "openvino" in formats:
+        xml = folder / f"{stem}.xml"
+        ov.save_model(model.ov_model, str(xml), compress_to_fp16=model.precision != "fp32")
+        artifacts.append(Artifact("openvino", xml, (xml, xml.with_suffix(".bin")), model.precision))
+    if "onnx" in formats:
+        path = folder / f"{stem}.onnx"
+        onnx.save(model.onnx_model, str(path))
+        artifacts.append(Artifact("onnx", path, (path,), model.precision))
+    return artifacts
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+

@@ -1,0 +1,182 @@
+"""The compress pipeline, top to bottom: load → torch passes → convert → graph passes → save → evaluate."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edgeopt import atomic
+from edgeopt.data import SampleSet, load_samples
+from edgeopt.device.host import host_info
+from edgeopt.device.runtime import RuntimeSettings, runtime_version
+from edgeopt.errors import BadInputError
+from edgeopt.evaluate import (Quality, QualityGate, first_outputs, measure_quality, session_predictor,
+                              torch_predictor)
+from edgeopt.export import Artifact, save_artifacts
+from edgeopt.passes import PassContext, WorkingModel, get_pass, run_step
+from edgeopt.recipe import Recipe, parse_recipe
+from edgeopt.source import SourceModel, load_model, to_onnx, to_openvino
+
+EVAL_SETTINGS = RuntimeSettings(inference_precision="f32", threads=None)
+
+
+@dataclass
+class CompressResult:
+    out: Path
+    recipe: Recipe
+    artifacts: list[Artifact]
+    reference: Quality | None = None
+    qualities: dict[str, Quality] = field(default_factory=dict)
+    gate: QualityGate = field(default_factory=QualityGate)
+    gate_results: dict[str, tuple[bool, str]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    eval_settings: RuntimeSettings = EVAL_SETTINGS
+    fp32_ir_bytes: int | None = None  # size of the uncompressed FP32 OpenVINO IR, for size ratios
+
+    @property
+    def quality_passed(self) -> bool:
+        return all(ok for ok, _ in self.gate_results.values())
+
+    def describe(self) -> dict:
+        return {
+            "recipe": self.recipe.describe(),
+            "steps": [{"name": s.name, "params": s.params} for s in self.recipe.steps],
+            "notes": self.notes,
+            "artifacts": [a.describe(relative_to=self.out) for a in self.artifacts],
+            "fp32_ir_bytes": self.fp32_ir_bytes,
+            "quality": {
+                "evaluated_with": self.eval_settings.describe(),
+                "gate": {"max_top1_drop": self.gate.max_drop, "min_cosine": self.gate.min_cosine},
+                "original": self.reference.describe() if self.reference else None,
+                "artifacts": {k: {**q.describe(), "passed": self.gate_results[k][0], "check": self.gate_results[k][1]}
+                              for k, q in self.qualities.items()},
+                "passed": self.quality_passed,
+            },
+            "host": host_info().describe(),
+            "versions": _versions(),
+        }
+
+
+def compress(model: str | Path, calibration: str | Path, *, out: str | Path, recipe: str | Recipe = "int8",
+             formats: tuple[str, ...] = ("openvino", "onnx"), eval_data: str | Path | None = None,
+             gate: QualityGate | None = None, input_shapes: dict | None = None, seed: int = 0,
+             eval_settings: RuntimeSettings = EVAL_SETTINGS) -> CompressResult:
+    """Compress ``model`` with ``recipe`` and write the artifacts to ``out`` atomically.
+
+    The quality gate's verdict is in the result (``quality_passed``); callers decide what a failure means.
+    """
+    timer = _Timer()
+    recipe = recipe if isinstance(recipe, Recipe) else parse_recipe(recipe)
+    gate = gate or QualityGate()
+    with timer("load"):
+        source = load_model(model, input_shapes)
+        calib = load_samples(calibration, source.inputs)
+        evaluation = load_samples(eval_data, source.inputs) if eval_data else None
+    working, fp32_ir_bytes = _run_recipe(source, recipe, calib, formats, seed, timer)
+    out = Path(out)
+    with atomic.atomic_dir(out) as tmp:
+        with timer("save"):
+            artifacts = save_artifacts(working, tmp, formats)
+        result = CompressResult(tmp, recipe, artifacts, gate=gate, notes=working.notes, seconds=timer.seconds,
+                                eval_settings=eval_settings, fp32_ir_bytes=fp32_ir_bytes)
+        if evaluation is not None:
+            with timer("evaluate"):
+                _evaluate(result, source, evaluation)
+        atomic.write_text(tmp / "report.json", json.dumps(result.describe() | {"seconds": timer.seconds}, indent=2))
+    result.out, result.artifacts = out, [a.moved_to(out) for a in artifacts]
+    return result
+
+
+def _run_recipe(source: SourceModel, recipe: Recipe, calib: SampleSet, formats: tuple[str, ...], seed: int,
+                timer: "_Timer") -> tuple[WorkingModel, int]:
+    """Run torch steps, convert, run graph steps; also return the FP32 IR size before graph steps."""
+    torch_steps = [s for s in recipe.steps if get_pass(s.name).stage == "torch"]
+    graph_steps = [s for s in recipe.steps if get_pass(s.name).stage == "graph"]
+    if torch_steps and source.kind != "torch":
+        raise BadInputError(f"{source.path}: {', '.join(s.name for s in torch_steps)} need(s) a PyTorch model "
+                            f"(given {source.kind}); ONNX and OpenVINO IR have no training graph")
+    first_graph = min((recipe.steps.index(s) for s in graph_steps), default=len(recipe.steps))
+    if any(recipe.steps.index(s) > first_graph for s in torch_steps):
+        raise BadInputError(f"recipe '{recipe.describe()}': PyTorch steps must come before graph steps")
+    ctx = PassContext(calibration=calib, seed=seed, want_onnx="onnx" in formats)
+    working = WorkingModel(source, torch_module=copy.deepcopy(source.torch_module) if source.kind == "torch" else None)
+    for step in torch_steps:
+        with timer(step.name):
+            run_step(step, working, ctx)
+    with timer("convert"):
+        if source.kind == "torch":
+            working.ov_model = to_openvino(working.torch_module, source.example_input, source.input_names)
+            if "onnx" in formats:
+                working.onnx_model = to_onnx(working.torch_module, source.example_input, source.input_names)
+        else:
+            working.ov_model = source.openvino_model()
+            if "onnx" in formats:
+                working.onnx_model = source.onnx_model()
+    fp32_ir_bytes = ir_bytes(working.ov_model, compress_to_fp16=False)
+    for step in graph_steps:
+        with timer(step.name):
+            run_step(step, working, ctx)
+    return working, fp32_ir_bytes
+
+
+def _evaluate(result: CompressResult, source: SourceModel, evaluation: SampleSet) -> None:
+    """Measure the original in its own framework, then each artifact in its runtime, and apply the gate."""
+    reference_outputs = first_outputs(_original_predictor(source, result.eval_settings), evaluation)
+    result.reference = measure_quality("original", reference_outputs, evaluation.labels, None)
+    for artifact in result.artifacts:
+        settings = result.eval_settings if artifact.runtime == "openvino" else RuntimeSettings(runtime="onnxruntime")
+        outputs = first_outputs(session_predictor(artifact.path, settings), evaluation)
+        quality = measure_quality(artifact.format, outputs, evaluation.labels, reference_outputs)
+        result.qualities[artifact.format] = quality
+        result.gate_results[artifact.format] = result.gate.check(result.reference, quality)
+
+
+def ir_bytes(ov_model, compress_to_fp16: bool) -> int:
+    """Size on disk of ``ov_model`` saved as IR (.xml + .bin)."""
+    import openvino as ov
+
+    with tempfile.TemporaryDirectory() as tmp:
+        xml = Path(tmp) / "model.xml"
+        ov.save_model(ov_model, str(xml), compress_to_fp16=compress_to_fp16)
+        return xml.stat().st_size + xml.with_suffix(".bin").stat().st_size
+
+
+def _original_predictor(source: SourceModel, settings: RuntimeSettings):
+    if source.kind == "torch":
+        return torch_predictor(source.torch_module, source.input_names)
+    if source.kind == "onnx":
+        return session_predictor(source.path, RuntimeSettings(runtime="onnxruntime"))
+    return session_predictor(source.path, settings)
+
+
+def _versions() -> dict:
+    import nncf
+    import onnx
+    import torch
+
+    from edgeopt import __version__
+
+    return {"edgeopt": __version__, "openvino": runtime_version("openvino"),
+            "onnxruntime": runtime_version("onnxruntime"), "nncf": nncf.__version__, "onnx": onnx.__version__,
+            "torch": torch.__version__}
+
+
+class _Timer:
+    """Accumulates wall-clock seconds per named stage."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - start, 3)

@@ -1,0 +1,41 @@
+"""Human-readable console output (rich). Plain text when stdout is not a terminal."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+
+def console() -> Console:
+    return Console(stderr=False, highlight=False, soft_wrap=True)
+
+
+def format_bytes(count: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    raise AssertionError("unreachable")
+
+
+def print_compress_result(result) -> None:
+    out = console()
+    out.print(f"recipe: {result.recipe.describe()}")
+    for note in result.notes:
+        out.print(f"  {note}")
+    table = Table(title=f"artifacts in {result.out}")
+    for column in ("model", "precision", "size", "vs FP32 IR", "top-1", "cosine", "quality gate"):
+        table.add_column(column)
+    reference = result.reference
+    if result.fp32_ir_bytes:
+        top1 = f"{reference.top1 * 100:.2f}%" if reference and reference.top1 is not None else "-"
+        table.add_row("original (FP32 IR)", "fp32", format_bytes(result.fp32_ir_bytes), "1.00x", top1, "1", "reference")
+    for artifact in result.artifacts:
+        quality = result.qualities.get(artifact.format)
+        top1 = f"{quality.top1 * 100:.2f}%" if quality and quality.top1 is not None else "-"
+        cosine = f"{quality.fidelity.cosine:.5f}" if quality and quality.fidelity else "-"
+        ratio = f"{result.fp32_ir_bytes / artifact.bytes:.2f}x smaller" if result.fp32_ir_bytes else "-"
+        gate = result.gate_results.get(artifact.format)
+        verdict = "-" if gate is None else ("PASS: " if gate[0] else "FAIL: ") + gate[1]
+        table.add_row(artifact.path.name, artifact.precision, format_bytes(artifact.bytes), ratio, top1, cosine, verdict)
+    out.print(table)
