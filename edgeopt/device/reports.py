@@ -1,0 +1,57 @@
+"""Machine-readable validation reports for CI systems: JSON and JUnit XML. Lean: standard library only."""
+
+from __future__ import annotations
+
+import json
+import sys
+import xml.etree.ElementTree as ET
+
+from edgeopt.atomic import write_text
+from edgeopt.device.validate import ValidationReport
+
+
+def to_json(reports: list[ValidationReport]) -> str:
+    """One report as an object, several as ``{"passed": ..., "reports": [...]}``."""
+    if len(reports) == 1:
+        return json.dumps(reports[0].to_dict(), indent=2)
+    return json.dumps({"passed": all(r.passed for r in reports), "reports": [r.to_dict() for r in reports]}, indent=2)
+
+
+def write_json(report: ValidationReport | list[ValidationReport], path: str) -> None:
+    """Write the report(s) as JSON to ``path`` atomically, or to stdout when ``path`` is ``-``."""
+    text = to_json(report if isinstance(report, list) else [report])
+    if path == "-":
+        sys.stdout.write(text + "\n")
+    else:
+        write_text(path, text + "\n")
+
+
+def to_junit(reports: list[ValidationReport]) -> str:
+    """A ``<testsuites>`` document: one suite per artifact, one test case per budget."""
+    suites = ET.Element("testsuites", name="edgeopt validate")
+    for report in reports:
+        failures = sum(not check.passed for check in report.checks)
+        suite = ET.SubElement(suites, "testsuite", name=f"{report.target or 'budgets'}: {report.artifact}",
+                              tests=str(len(report.checks)), failures=str(failures), errors="0", skipped="0",
+                              time=f"{report.latency.mean_ms * report.latency.runs / 1000:.3f}",
+                              hostname=report.host.get("cpu_model", ""))
+        properties = ET.SubElement(suite, "properties")
+        for name, value in (("measured_with", report.measured_with()), ("emulated", str(report.emulation_note is not None)),
+                            *(("note", note) for note in report.notes)):
+            ET.SubElement(properties, "property", name=name, value=value)
+        for check in report.checks:
+            case = ET.SubElement(suite, "testcase", classname=f"edgeopt.validate.{report.target or 'budgets'}",
+                                 name=check.name, time="0")
+            measured = "not measured" if check.measured is None else f"{check.measured:.4g}{check.unit}"
+            if not check.passed:
+                failure = ET.SubElement(case, "failure", type="BudgetExceeded",
+                                        message=f"{check.name}: measured {measured}, budget {check.budget:.4g}{check.unit}")
+                failure.text = report.measured_with()
+            else:
+                ET.SubElement(case, "system-out").text = f"measured {measured}, budget {check.budget:.4g}{check.unit}"
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+
+
+def write_junit(report: ValidationReport | list[ValidationReport], path: str) -> None:
+    write_text(path, to_junit(report if isinstance(report, list) else [report]))

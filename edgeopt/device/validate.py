@@ -1,0 +1,184 @@
+"""Validate a saved model against device budgets: measure it in a separate process, compare, report.
+
+Lean module: numpy, the standard library and (in the measuring process) the one runtime the model needs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from edgeopt.device.budgets import BudgetCheck, Budgets, check_budgets
+from edgeopt.device.host import host_info
+from edgeopt.device.runtime import RuntimeSettings, runtime_for
+from edgeopt.device.stats import LatencyStats, latency_stats
+from edgeopt.errors import BadInputError
+
+MB = 1_000_000  # budgets and reports use decimal megabytes
+
+
+@dataclass(frozen=True)
+class ValidationReport:
+    """Everything measured about one artifact, how it was measured, and the verdict per budget."""
+
+    artifact: str
+    files: dict[str, int]  # file name -> bytes on disk
+    settings: RuntimeSettings  # as requested
+    effective_settings: dict  # as the runtime reports them after compiling
+    runtime_version: str
+    input_shapes: dict[str, list[int]]
+    runs: int
+    warmup: int
+    min_seconds: float
+    latency: LatencyStats
+    first_inference_ms: float  # cold: the first inference after compiling
+    load_compile_ms: float  # read + compile, in the measuring process
+    rss_before_load_bytes: int | None  # measuring process after importing the runtime, before loading
+    peak_rss_bytes: int | None  # peak RSS of the measuring process (VmHWM)
+    cpus: list[int]  # CPUs the measuring process was allowed to run on
+    kernels: list[str]  # OpenVINO kernel types executed (ISA and precision evidence)
+    host: dict
+    emulation_note: str | None
+    notes: list[str]
+    checks: list[BudgetCheck]
+    target: str | None = None
+    budgets: Budgets = field(default_factory=Budgets)
+
+    @property
+    def artifact_bytes(self) -> int:
+        return sum(self.files.values())
+
+    @property
+    def passed(self) -> bool:
+        return all(check.passed for check in self.checks)
+
+    def measured(self) -> dict[str, float | None]:
+        """The figures budgets are checked against (see ``budgets.BUDGET_FIELDS``)."""
+        return {
+            "file_mb": self.artifact_bytes / MB,
+            "peak_rss_mb": self.peak_rss_bytes / MB if self.peak_rss_bytes else None,
+            "p50_ms": self.latency.p50_ms, "p95_ms": self.latency.p95_ms, "p99_ms": self.latency.p99_ms,
+            "cv": self.latency.cv, "p99_over_p50": self.latency.p99_over_p50,
+        }
+
+    def measured_with(self) -> str:
+        """One line saying how the latency figures were measured."""
+        eff = self.effective_settings
+        where = self.emulation_note or f"on this host ({self.host['cpu_model']})"
+        return (f"{self.latency.runs} timed runs after {self.warmup} warm-up, batch 1, synchronous; "
+                f"{self.settings.runtime} {self.runtime_version}, threads={eff.get('threads')}, "
+                f"streams={eff.get('streams')}, hint={eff.get('performance_hint')}, "
+                f"inference precision={eff.get('inference_precision')}; {where}")
+
+    def to_dict(self) -> dict:
+        return {
+            "target": self.target,
+            "artifact": self.artifact,
+            "files": self.files,
+            "artifact_bytes": self.artifact_bytes,
+            "passed": self.passed,
+            "checks": [check.describe() for check in self.checks],
+            "budgets": self.budgets.describe(),
+            "latency_ms": self.latency.describe(),
+            "first_inference_ms": self.first_inference_ms,
+            "load_compile_ms": self.load_compile_ms,
+            "memory": {"rss_before_load_bytes": self.rss_before_load_bytes, "peak_rss_bytes": self.peak_rss_bytes,
+                       "measured_in": "a separate process (python -m edgeopt.device.probe); peak = VmHWM"},
+            "measured_with": {
+                "summary": self.measured_with(),
+                "runs": self.latency.runs, "min_runs": self.runs, "warmup": self.warmup,
+                "min_seconds": self.min_seconds, "batch": 1, "input_shapes": self.input_shapes,
+                "settings_requested": self.settings.describe(), "settings_effective": self.effective_settings,
+                "runtime_version": self.runtime_version, "cpus": self.cpus, "kernels": self.kernels,
+            },
+            "host": self.host,
+            "emulated": self.emulation_note is not None,
+            "emulation_note": self.emulation_note,
+            "notes": self.notes,
+        }
+
+
+def artifact_files(model_path: Path) -> dict[str, int]:
+    """The files a model needs (``.xml`` + ``.bin``, or ``.onnx``) and their sizes in bytes."""
+    files = [model_path]
+    if model_path.suffix.lower() == ".xml":
+        files.append(model_path.with_suffix(".bin"))
+    return {f.name: f.stat().st_size for f in files if f.is_file()}
+
+
+def validate_artifact(model_path: str | Path, settings: RuntimeSettings, budgets: Budgets, runs: int = 300,
+                      warmup: int = 20, min_seconds: float = 2.0, emulation_note: str | None = None, *,
+                      cpus: tuple[int, ...] | None = None, max_isa: str | None = None,
+                      input_shapes: dict[str, tuple[int, ...]] | None = None, target: str | None = None,
+                      notes: tuple[str, ...] = (), timeout: float | None = None) -> ValidationReport:
+    """Measure ``model_path`` in a fresh process with ``settings`` and check it against ``budgets``.
+
+    ``cpus`` pins the measuring process's CPU affinity and ``max_isa`` caps OpenVINO's kernels
+    (``ONEDNN_MAX_CPU_ISA``, e.g. ``AVX2``): both emulate a device; ``emulation_note`` says so in the report.
+    """
+    path = Path(model_path)
+    if not path.is_file():
+        raise BadInputError(f"{path}: no such model file")
+    runtime_for(path)  # rejects anything but .xml / .onnx
+    if runs < 1 or warmup < 1 or min_seconds < 0:
+        raise BadInputError(f"runs and warm-up must be at least 1 and min-seconds not negative "
+                            f"(got runs={runs}, warmup={warmup}, min_seconds={min_seconds})")
+    request = {"model": str(path.resolve()), "settings": settings.describe(), "runs": runs, "warmup": warmup,
+               "min_seconds": min_seconds, "input_shapes": {k: list(v) for k, v in (input_shapes or {}).items()},
+               "cpus": list(cpus) if cpus else None}
+    result = _run_probe(request, max_isa, timeout)
+    notes = list(notes) + _precision_notes(settings, result["effective_settings"])
+    report = ValidationReport(
+        artifact=str(path), files=artifact_files(path), settings=settings,
+        effective_settings=result["effective_settings"], runtime_version=result["runtime_version"],
+        input_shapes=result["input_shapes"], runs=runs, warmup=warmup, min_seconds=min_seconds,
+        latency=latency_stats(result["timings_ms"]), first_inference_ms=result["first_inference_ms"],
+        load_compile_ms=result["load_compile_ms"], rss_before_load_bytes=result["rss_before_load_bytes"],
+        peak_rss_bytes=result["peak_rss_bytes"], cpus=result["cpus"], kernels=result["kernels"],
+        host=host_info().describe(), emulation_note=emulation_note, notes=notes, checks=[], target=target,
+        budgets=budgets,
+    )
+    return replace(report, checks=check_budgets(budgets, report.measured()))
+
+
+def _run_probe(request: dict, max_isa: str | None, timeout: float | None) -> dict:
+    env = dict(os.environ)
+    if max_isa:
+        env["ONEDNN_MAX_CPU_ISA"] = max_isa
+    package_root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    with tempfile.TemporaryDirectory(prefix="edgeopt-probe-") as tmp:
+        request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        request_path.write_text(json.dumps(request), encoding="utf-8")
+        try:
+            proc = subprocess.run([sys.executable, "-m", "edgeopt.device.probe", str(request_path), str(result_path)],
+                                  env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise BadInputError(f"{request['model']}: measuring took longer than {timeout:.0f} s") from exc
+        if not result_path.is_file():
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise RuntimeError(f"the measuring process failed (exit {proc.returncode}): {tail[0]}")
+        result = json.loads(result_path.read_text(encoding="utf-8"))
+    if "error" in result:
+        raise BadInputError(result["error"])
+    return result
+
+
+def _precision_notes(settings: RuntimeSettings, effective: dict) -> list[str]:
+    """Say when the runtime did not compute in the precision the settings (the device's) ask for."""
+    asked = settings.inference_precision
+    if asked is None:
+        return []
+    if settings.runtime == "onnxruntime":
+        return [f"inference precision {asked} is not applied: ONNX Runtime's CPU provider computes in the model's "
+                f"own precision"]
+    used = str(effective.get("inference_precision"))
+    if used != asked:
+        return [f"the profile asks for inference precision {asked}, but OpenVINO on this host computes in {used} "
+                f"(the host has no {asked} arithmetic); latency differs from the device's"]
+    return []

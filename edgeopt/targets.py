@@ -1,0 +1,304 @@
+"""Device profiles: one TOML file per device under ``targets/``, checked against a strict schema.
+
+A profile::
+
+    description = "Raspberry Pi 4 Model B, 4 GB"
+    extends = "base-arm64"          # optional: inherit every table, override key by key
+
+    [device]                        # facts about the hardware; decide whether this host IS the device
+    cpu = "Broadcom BCM2711, 4x Cortex-A72 @ 1.8 GHz"
+    arch = "aarch64"
+    cores = 4
+    memory_mb = 4096
+    isa = ["asimd"]
+    cpu_match = ["Cortex-A72"]      # substrings of the host's CPU model that identify the device
+
+    [runtime]                       # how the device runs models (edgeopt.device.runtime.RuntimeSettings)
+    name = "openvino"
+    threads = 4
+    streams = 1
+    performance_hint = "LATENCY"
+    inference_precision = "f32"
+
+    [budgets]                       # edgeopt.device.budgets.Budgets: every key required
+    max_file_mb = 64
+    ...
+
+    [model]
+    precisions = ["int8", "fp32"]   # model precisions, by preference (compress uses the first)
+    input_shapes = { input = [1, 3, 224, 224] }   # optional: fills dynamic dimensions
+
+``abstract = true`` marks a base meant only to be extended. Profiles are looked up in ``$EDGEOPT_TARGETS``
+(folders separated by ``os.pathsep``), then in the repository's ``targets/`` folder, then in
+``<prefix>/share/edgeopt/targets`` (where a wheel installs them).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from edgeopt.device.budgets import BUDGET_FIELDS, Budgets
+from edgeopt.device.host import HostInfo
+from edgeopt.device.runtime import PRECISIONS, RUNTIMES, RuntimeSettings
+from edgeopt.errors import BadInputError, first_line
+
+MODEL_PRECISIONS = ("int8", "fp16", "fp32")
+HINTS = ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT")
+ARCHES = ("x86_64", "aarch64")
+
+# key -> (type or tuple of types, description) per table; "" is the top level
+_SCHEMA: dict[str, dict[str, tuple]] = {
+    "": {"description": (str,), "extends": (str,), "abstract": (bool,)},
+    "device": {"name": (str,), "cpu": (str,), "arch": (str,), "cores": (int,), "memory_mb": (int,),
+               "isa": (list,), "cpu_match": (list,)},
+    "runtime": {"name": (str,), "threads": (int,), "streams": (int,), "performance_hint": (str,),
+                "inference_precision": (str,)},
+    "budgets": {key: (int, float) for key in BUDGET_FIELDS},
+    "model": {"precisions": (list,), "input_shapes": (dict,)},
+}
+_REQUIRED = ("description", "device.name", "device.cpu", "device.arch", "device.cores", "device.memory_mb",
+             "runtime.name", "runtime.threads", "runtime.inference_precision", "model.precisions",
+             *(f"budgets.{key}" for key in BUDGET_FIELDS))
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    name: str
+    cpu: str
+    arch: str
+    cores: int
+    memory_mb: int
+    isa: tuple[str, ...] = ()
+    cpu_match: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    description: str
+    device: DeviceInfo
+    settings: RuntimeSettings
+    budgets: Budgets
+    precisions: tuple[str, ...]
+    input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    source: Path | None = None
+    extends: tuple[str, ...] = ()  # the chain of bases, nearest first
+
+    def is_host(self, host: HostInfo) -> bool:
+        """True when ``host`` is this device: same architecture, a CPU model that matches, enough CPUs."""
+        model = host.cpu_model.lower()
+        return (host.machine == self.device.arch and host.usable_cpus >= self.device.cores
+                and any(m.lower() in model for m in self.device.cpu_match))
+
+    def describe(self) -> dict:
+        return {"name": self.name, "description": self.description, "device": asdict(self.device),
+                "runtime": self.settings.describe(), "budgets": self.budgets.describe(),
+                "precisions": list(self.precisions), "input_shapes": {k: list(v) for k, v in self.input_shapes.items()},
+                "source": str(self.source) if self.source else None, "extends": list(self.extends)}
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """How this host stands in for a device it is not: settings to use, CPUs to pin, ISA cap, and the note."""
+
+    settings: RuntimeSettings
+    cpus: tuple[int, ...] | None
+    max_isa: str | None
+    note: str
+
+
+def search_path() -> list[Path]:
+    env = [Path(p) for p in os.environ.get("EDGEOPT_TARGETS", "").split(os.pathsep) if p]
+    return [*env, Path(__file__).resolve().parents[1] / "targets", Path(sys.prefix) / "share" / "edgeopt" / "targets"]
+
+
+def load_target(name_or_path: str | os.PathLike) -> Target:
+    """Load a profile by name (looked up in ``search_path()``) or by path; resolve ``extends``; check it."""
+    path = _locate(str(name_or_path))
+    raw, chain = _resolve(path, ())
+    if raw.get("abstract"):
+        raise BadInputError(f"{path}: '{path.stem}' is an abstract base profile; use a profile that extends it")
+    return _build(path, raw, chain)
+
+
+def list_targets() -> list[Target]:
+    """Every concrete profile on the search path (the first of a name wins), sorted by name."""
+    found: dict[str, Path] = {}
+    for folder in search_path():
+        for path in sorted(folder.glob("*.toml")) if folder.is_dir() else ():
+            found.setdefault(path.stem, path)
+    targets = []
+    for name, path in sorted(found.items()):
+        raw, chain = _resolve(path, ())
+        if not raw.get("abstract"):
+            targets.append(_build(path, raw, chain))
+    return targets
+
+
+def plan_emulation(target: Target, host: HostInfo) -> Emulation | None:
+    """``None`` when this host is the device; otherwise how to emulate it here, and the note saying so."""
+    if target.is_host(host):
+        return None
+    settings, notes = target.settings, []
+    usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(host.usable_cpus))
+    wanted = settings.threads or target.device.cores
+    cpus = tuple(usable[:min(target.device.cores, len(usable))])
+    threads = min(wanted, len(cpus))
+    if threads < wanted:
+        notes.append(f"the device runs {wanted} threads but this host has {len(cpus)} CPUs; latency reads high")
+    settings = RuntimeSettings(**(settings.describe() | {"threads": threads}))
+    max_isa = None
+    if target.device.arch != host.machine:
+        notes.append(f"the device is {target.device.arch}, this host {host.machine}: different kernels, "
+                     f"latency is indicative only")
+    elif target.device.arch == "x86_64" and settings.runtime == "openvino":
+        max_isa = onednn_isa(target.device.isa)
+        notes.append(f"ISA capped to {max_isa} (ONEDNN_MAX_CPU_ISA)")
+    elif target.device.arch == "x86_64":
+        notes.append("ISA not capped (ONNX Runtime has no switch for it)")
+    span = f"CPU {cpus[0]}" if len(cpus) == 1 else f"CPUs {','.join(map(str, cpus))}"
+    note = (f"emulated on {socket.gethostname()} ({host.cpu_model}): {threads} threads pinned to {span}"
+            + "".join(f"; {n}" for n in notes) + f" — the profiled device is {target.device.name}")
+    return Emulation(settings, cpus, max_isa, note)
+
+
+def onednn_isa(isa: tuple[str, ...]) -> str:
+    """The highest oneDNN ISA level (``ONEDNN_MAX_CPU_ISA``) an x86 device with these CPU flags has."""
+    flags = set(isa)
+    for level, needs in (("AVX512_CORE_AMX", {"amx_tile", "amx_int8", "amx_bf16"}),
+                         ("AVX512_CORE_BF16", {"avx512f", "avx512_vnni", "avx512_bf16"}),
+                         ("AVX512_CORE_VNNI", {"avx512f", "avx512_vnni"}), ("AVX512_CORE", {"avx512f"}),
+                         ("AVX2_VNNI", {"avx2", "avx_vnni"}), ("AVX2", {"avx2"})):
+        if needs <= flags:
+            return level
+    return "SSE41"
+
+
+def _locate(text: str) -> Path:
+    if text.endswith(".toml") or os.sep in text or "/" in text:
+        path = Path(text)
+        if not path.is_file():
+            raise BadInputError(f"{path}: no such target profile")
+        return path
+    for folder in search_path():
+        if (folder / f"{text}.toml").is_file():
+            return folder / f"{text}.toml"
+    known = ", ".join(t.name for t in list_targets()) or "none"
+    raise BadInputError(f"unknown target '{text}' (known: {known}; or give a .toml path)")
+
+
+def _resolve(path: Path, seen: tuple[Path, ...]) -> tuple[dict, tuple[str, ...]]:
+    """The profile's tables merged over its bases' (deep, key by key), and the chain of base names."""
+    raw = _read(path)
+    if path.resolve() in seen:
+        raise BadInputError(f"{path}: 'extends' makes a cycle ({' → '.join(p.stem for p in seen)} → {path.stem})")
+    base_name = raw.get("extends")
+    if base_name is None:
+        return raw, ()
+    sibling = path.parent / f"{base_name}.toml"
+    try:
+        base_path = sibling if sibling.is_file() else _locate(base_name)
+    except BadInputError:
+        raise BadInputError(f"{path}: extends: no base profile named '{base_name}'") from None
+    base, chain = _resolve(base_path, (*seen, path.resolve()))
+    merged = {k: (base.get(k, {}) | v if isinstance(v, dict) else v) for k, v in raw.items()}
+    merged = base | merged
+    merged.pop("abstract", None)
+    if raw.get("abstract"):
+        merged["abstract"] = True
+    return merged, (base_name, *chain)
+
+
+def _read(path: Path) -> dict:
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInputError(f"{path}: cannot read ({first_line(exc)})") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise BadInputError(f"{path}: not valid TOML ({first_line(exc)})") from exc
+    for key, value in raw.items():
+        if key in _SCHEMA and key:
+            if not isinstance(value, dict):
+                raise BadInputError(f"{path}: '{key}' must be a table ([{key}]), got {value!r}")
+            for inner, inner_value in value.items():
+                _check_key(path, key, inner, inner_value)
+        else:
+            _check_key(path, "", key, value)
+    return raw
+
+
+def _check_key(path: Path, table: str, key: str, value) -> None:
+    dotted = f"{table}.{key}" if table else key
+    schema = _SCHEMA[table]
+    if key not in schema:
+        known = ", ".join(f"{table}.{k}" if table else k for k in schema)
+        if not table:
+            known += ", [" + "], [".join(t for t in _SCHEMA if t) + "]"
+        raise BadInputError(f"{path}: unknown key '{dotted}' (known: {known})")
+    types = schema[key]
+    if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+        expected = {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "an array",
+                    dict: "a table"}[types[-1]]
+        raise BadInputError(f"{path}: '{dotted}' must be {expected}, got {value!r}")
+
+
+def _build(path: Path, raw: dict, chain: tuple[str, ...]) -> Target:
+    for dotted in _REQUIRED:
+        table, _, key = dotted.rpartition(".")
+        if key not in (raw.get(table, {}) if table else raw):
+            where = f" (not set here nor in {', '.join(chain)})" if chain else ""
+            kind = "budget" if table == "budgets" else "key"
+            raise BadInputError(f"{path}: missing {kind} '{dotted}'{where}")
+    device, runtime, model = raw["device"], raw["runtime"], raw["model"]
+    _choice(path, "device.arch", device["arch"], ARCHES)
+    _choice(path, "runtime.name", runtime["name"], RUNTIMES)
+    _choice(path, "runtime.inference_precision", runtime["inference_precision"], PRECISIONS)
+    if "performance_hint" in runtime:
+        _choice(path, "runtime.performance_hint", runtime["performance_hint"], HINTS)
+    for key in ("device.cores", "device.memory_mb", "runtime.threads", "runtime.streams"):
+        table, name = key.split(".")
+        if name in raw[table] and raw[table][name] < 1:
+            raise BadInputError(f"{path}: '{key}' must be at least 1, got {raw[table][name]}")
+    precisions = _strings(path, "model.precisions", model["precisions"])
+    if not precisions:
+        raise BadInputError(f"{path}: 'model.precisions' must name at least one of {', '.join(MODEL_PRECISIONS)}")
+    for precision in precisions:
+        _choice(path, "model.precisions", precision, MODEL_PRECISIONS)
+    settings = RuntimeSettings(runtime=runtime["name"], threads=runtime["threads"], streams=runtime.get("streams", 1),
+                               performance_hint=runtime.get("performance_hint", "LATENCY"),
+                               inference_precision=runtime["inference_precision"])
+    return Target(
+        name=path.stem, description=raw["description"],
+        device=DeviceInfo(name=device["name"], cpu=device["cpu"], arch=device["arch"], cores=device["cores"],
+                          memory_mb=device["memory_mb"], isa=_strings(path, "device.isa", device.get("isa", [])),
+                          cpu_match=_strings(path, "device.cpu_match", device.get("cpu_match", []))),
+        settings=settings, budgets=Budgets.from_dict(raw["budgets"], source=f"{path}: budgets"),
+        precisions=precisions, input_shapes=_shapes(path, model.get("input_shapes", {})), source=path, extends=chain,
+    )
+
+
+def _choice(path: Path, key: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise BadInputError(f"{path}: '{key}' must be one of {', '.join(allowed)}, got {value!r}")
+
+
+def _strings(path: Path, key: str, values: list) -> tuple[str, ...]:
+    if not all(isinstance(v, str) for v in values):
+        raise BadInputError(f"{path}: '{key}' must be an array of strings, got {values!r}")
+    return tuple(values)
+
+
+def _shapes(path: Path, table: dict) -> dict[str, tuple[int, ...]]:
+    shapes = {}
+    for name, dims in table.items():
+        if not (isinstance(dims, list) and dims and all(isinstance(d, int) and not isinstance(d, bool) and d > 0
+                                                        for d in dims)):
+            raise BadInputError(f"{path}: 'model.input_shapes.{name}' must be an array of positive integers, "
+                                f"got {dims!r}")
+        shapes[name] = tuple(dims)
+    return shapes
