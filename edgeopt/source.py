@@ -113,6 +113,7 @@ def to_openvino(module, example_input: tuple, input_names: list[str]):
         raise BadInputError(f"OpenVINO cannot convert the PyTorch model ({first_line(exc)})") from exc
     for port, name in zip(model.inputs, input_names):
         port.get_tensor().set_names({name})
+    model.reshape({port: list(tensor.shape) for port, tensor in zip(model.inputs, example_input)})
     output_names = ["output"] if len(model.outputs) == 1 else [f"output{i}" for i in range(len(model.outputs))]
     for port, name in zip(model.outputs, output_names):
         if not port.get_names():

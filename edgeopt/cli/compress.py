@@ -25,13 +25,21 @@ from edgeopt.errors import BadInputError, QualityGateError
 @click.option("--min-cosine", default=0.99, show_default=True, type=float,
               help="Quality gate without labels: smallest allowed cosine similarity to the original outputs.")
 @click.option("--input-shape", "input_shapes", multiple=True, help="NAME=D1,D2,... for dynamic inputs.")
+@click.option("--target", default=None, help="Device profile (name or .toml): use its preferred precision and input "
+              "shapes, then validate the artifact it runs against its budgets (exit 4 when one fails).")
+@click.option("--validate-runs", default=300, show_default=True, type=click.IntRange(min=1),
+              help="With --target: timed inferences for validation (at least).")
+@click.option("--validate-seconds", default=2.0, show_default=True, type=click.FloatRange(min=0),
+              help="With --target: keep timing at least this long.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--json", "json_out", default=None, help="Write the report as JSON to this file ('-' for stdout).")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 def compress(model, calibration, out, formats, precision, recipe, eval_data, max_drop, min_cosine, input_shapes,
-             seed, json_out, quiet):
+             seed, json_out, quiet, target, validate_runs, validate_seconds):
     """Compress MODEL (ONNX, OpenVINO IR, file.py:factory, TorchScript or .pt2) and write IR/ONNX to OUT."""
     from edgeopt import atomic
+    from edgeopt.cli.streams import library_output
+    from edgeopt.cli.validate import print_validation, raise_if_failed
     from edgeopt.evaluate import QualityGate
     from edgeopt.export import parse_formats
     from edgeopt.pipeline import compress as run_compress
@@ -39,22 +47,28 @@ def compress(model, calibration, out, formats, precision, recipe, eval_data, max
     from edgeopt.report_console import print_compress_result
     from edgeopt.source import parse_input_shapes
 
-    recipe_obj = _recipe(recipe, precision, parse_recipe)
     if formats is None:
         formats = "openvino" if model.lower().endswith(".xml") else "openvino,onnx"
-    result = run_compress(model, calibration, out=out, recipe=recipe_obj, formats=parse_formats(formats),
-                          eval_data=eval_data, gate=QualityGate(max_drop=max_drop / 100.0, min_cosine=min_cosine),
-                          input_shapes=parse_input_shapes(input_shapes), seed=seed)
+    profile, precision, shapes = _apply_target(target, precision, recipe, formats, parse_input_shapes(input_shapes))
+    recipe_obj = _recipe(recipe, precision, parse_recipe)
+    with library_output(quiet):
+        result = run_compress(model, calibration, out=out, recipe=recipe_obj, formats=parse_formats(formats),
+                              eval_data=eval_data, gate=QualityGate(max_drop=max_drop / 100.0, min_cosine=min_cosine),
+                              input_shapes=shapes, seed=seed)
     report = result.describe()
+    validations = _validate(profile, result, report, validate_runs, validate_seconds) if profile else []
     if json_out == "-":
         click.echo(json.dumps(report, indent=2))
     elif json_out:
         atomic.write_text(json_out, json.dumps(report, indent=2))
     if not quiet and json_out != "-":
         print_compress_result(result)
+        for validation in validations:
+            print_validation(validation)
     if not result.quality_passed:
         failed = [f"{name}: {msg}" for name, (ok, msg) in result.gate_results.items() if not ok]
         raise QualityGateError("quality gate failed: " + "; ".join(failed))
+    raise_if_failed(validations)
 
 
 def _recipe(recipe: str | None, precision: str | None, parse):
@@ -69,3 +83,40 @@ def _recipe(recipe: str | None, precision: str | None, parse):
     if any(get_pass(s.name).stage == "graph" for s in parsed.steps):
         raise BadInputError("give either --precision or a recipe with a precision step, not both")
     return parsed if precision == "fp32" else Recipe(parsed.steps + (Step(precision),))
+
+
+def _apply_target(name: str | None, precision: str | None, recipe: str | None, formats: str, shapes: dict):
+    """The profile, the precision to use (the profile's first choice unless given) and the input shapes."""
+    if name is None:
+        return None, precision, shapes
+    from edgeopt.export import parse_formats
+    from edgeopt.targets import load_target
+
+    profile = load_target(name)
+    if precision is None and recipe is None:
+        precision = profile.precisions[0]
+    elif precision is not None and precision not in profile.precisions:
+        raise BadInputError(f"--precision {precision}: target {profile.name} supports {', '.join(profile.precisions)}")
+    needed = "openvino" if profile.settings.runtime == "openvino" else "onnx"
+    if needed not in parse_formats(formats):
+        raise BadInputError(f"target {profile.name} runs {profile.settings.runtime}: --format must include {needed}")
+    return profile, precision, {**profile.input_shapes, **shapes}
+
+
+def _validate(profile, result, report: dict, runs: int, seconds: float) -> list:
+    """Validate the artifact(s) the profile's runtime runs; add the reports to report.json (atomically)."""
+    from pathlib import Path
+
+    from edgeopt import atomic
+    from edgeopt.targets import validate_on
+
+    if not result.quality_passed:
+        return []
+    validations = [validate_on(profile, artifact.path, runs=runs, min_seconds=seconds)
+                   for artifact in result.artifacts if artifact.runtime == profile.settings.runtime]
+    report["validation"] = {"target": profile.name, "passed": all(v.passed for v in validations),
+                            "reports": [v.to_dict() for v in validations]}
+    saved = Path(result.out) / "report.json"
+    atomic.write_text(saved, json.dumps(json.loads(saved.read_text(encoding="utf-8")) | {"validation":
+                                                                                          report["validation"]}, indent=2))
+    return validations

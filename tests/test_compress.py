@@ -1,0 +1,125 @@
+"""End-to-end `edgeopt compress` on real small models through real NNCF, OpenVINO and ONNX Runtime."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import DIGITS_CALIB, DIGITS_EVAL, DIGITS_MODEL
+from edgeopt.device.runtime import RuntimeSettings, open_session, random_feeds
+
+
+def run_artifacts(out):
+    """Load every artifact in ``out`` in its runtime, run it once, return {file: output}."""
+    outputs = {}
+    for path in sorted(out.iterdir()):
+        if path.suffix in (".xml", ".onnx"):
+            session = open_session(path)
+            outputs[path.name] = session.infer(random_feeds(session.inputs))[0]
+    return outputs
+
+
+@pytest.fixture(scope="module")
+def digits_int8(tmp_path_factory):
+    from click.testing import CliRunner
+
+    from edgeopt.cli import main
+
+    out = tmp_path_factory.mktemp("digits") / "int8"
+    result = CliRunner().invoke(main, ["compress", DIGITS_MODEL, "--calib", str(DIGITS_CALIB), "--eval",
+                                       str(DIGITS_EVAL), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return out, json.loads((out / "report.json").read_text())
+
+
+def test_digits_int8_keeps_accuracy_and_shrinks_the_ir(digits_int8):
+    out, report = digits_int8
+    quality = report["quality"]
+    original = quality["original"]["top1"]
+    assert original > 0.9  # the sample model is actually trained
+    for fmt in ("openvino", "onnx"):
+        assert original - quality["artifacts"][fmt]["top1"] <= 0.01
+        assert quality["artifacts"][fmt]["passed"]
+    ir = next(a for a in report["artifacts"] if a["format"] == "openvino")
+    assert ir["precision"] == "int8"
+    assert report["fp32_ir_bytes"] / ir["bytes"] >= 3.0
+    # the report's byte count is what is on disk
+    assert ir["bytes"] == (out / "model.xml").stat().st_size + (out / "model.bin").stat().st_size
+
+
+def test_digits_int8_artifacts_run_in_both_runtimes_and_agree(digits_int8):
+    out, _ = digits_int8
+    outputs = run_artifacts(out)
+    assert set(outputs) == {"model.xml", "model.onnx"}
+    x = np.load(DIGITS_EVAL)["input"][:1]
+    ov_logits = open_session(out / "model.xml", RuntimeSettings(inference_precision="f32")).infer({"input": x})[0]
+    ort_logits = open_session(out / "model.onnx").infer({"input": x})[0]
+    assert ov_logits.shape == ort_logits.shape == (1, 10)
+    assert ov_logits.argmax() == ort_logits.argmax()
+
+
+def test_report_states_how_quality_was_measured(digits_int8):
+    _, report = digits_int8
+    assert report["quality"]["evaluated_with"]["inference_precision"] == "f32"
+    assert report["host"]["cpu_model"]
+    assert report["versions"]["openvino"] and report["versions"]["nncf"]
+
+
+@pytest.mark.parametrize("kind", ["factory", "onnx", "ir", "torchscript", "export"])
+def test_each_input_kind_compresses_to_int8(kind, cli, tmp_path, tiny_factory, tiny_onnx, tiny_ir, tiny_torch,
+                                            tiny_calib):
+    module, example = tiny_torch
+    if kind == "torchscript":
+        model = tmp_path / "tiny.pt"
+        torch.jit.trace(module, example).save(str(model))
+        extra = ["--input-shape", "input=1,1,8,8"]
+    elif kind == "export":
+        model = tmp_path / "tiny.pt2"
+        torch.export.save(torch.export.export(module, (example,)), str(model))
+        extra = []
+    else:
+        model, extra = {"factory": tiny_factory, "onnx": tiny_onnx, "ir": tiny_ir}[kind], []
+    out = tmp_path / "out"
+    result = cli("compress", model, "--calib", tiny_calib, "--out", out, "--quiet", *extra)
+    assert result.exit_code == 0, result.output
+    outputs = run_artifacts(out)
+    expected = {"model.xml"} if kind == "ir" else {"model.xml", "model.onnx"}
+    assert set(outputs) == expected
+    assert all(o.shape == (1, 10) for o in outputs.values())
+    report = json.loads((out / "report.json").read_text())
+    assert {a["precision"] for a in report["artifacts"]} == {"int8"}
+
+
+@pytest.mark.parametrize("precision", ["fp16", "fp32"])
+def test_float_precisions(precision, cli, tmp_path, tiny_onnx, tiny_calib):
+    out = tmp_path / precision
+    result = cli("compress", tiny_onnx, "--calib", tiny_calib, "--eval", tiny_calib, "--out", out,
+                 "--precision", precision, "--json", tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert {a["precision"] for a in report["artifacts"]} == {precision}
+    for quality in report["quality"]["artifacts"].values():
+        assert quality["fidelity"]["cosine"] > 0.999
+    fp_bytes = (out / "model.bin").stat().st_size
+    assert fp_bytes < report["fp32_ir_bytes"] if precision == "fp16" else fp_bytes <= report["fp32_ir_bytes"]
+
+
+def test_quality_gate_failure_exits_3_and_keeps_the_report(cli, tmp_path, tiny_onnx, tiny_calib):
+    # Without labels the gate checks cosine similarity to the original; INT8 cannot reach 0.9999999.
+    out = tmp_path / "out"
+    npy = tmp_path / "eval.npy"
+    np.save(npy, np.load(tiny_calib)["input"])
+    result = cli("compress", tiny_onnx, "--calib", tiny_calib, "--eval", npy, "--out", out,
+                 "--min-cosine", "0.9999999")
+    assert result.exit_code == 3
+    assert "quality gate failed" in result.output
+    assert json.loads((out / "report.json").read_text())["quality"]["passed"] is False
+
+
+def test_json_to_stdout_is_pure_json(cli, tmp_path, tiny_onnx, tiny_calib):
+    result = cli("compress", tiny_onnx, "--calib", tiny_calib, "--out", tmp_path / "o", "--json", "-")
+    assert result.exit_code == 0
+    assert json.loads(result.stdout)["recipe"] == "int8"

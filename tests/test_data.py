@@ -1,0 +1,98 @@
+"""Calibration/eval data loaders: npz, npy, image folders with a preprocess spec, Python hooks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from edgeopt.data import load_samples
+from edgeopt.device.runtime import TensorSpec
+from edgeopt.errors import BadInputError
+
+IMAGE = [TensorSpec("input", (1, 3, 6, 4), "float32")]
+
+
+def test_npz_keys_labels_and_batch_split(tmp_path):
+    path = tmp_path / "d.npz"
+    x = np.arange(5 * 3 * 6 * 4, dtype=np.float64).reshape(5, 3, 6, 4)
+    np.savez(path, x=x, labels=np.arange(5))
+    data = load_samples(path, IMAGE)
+    assert len(data) == 5
+    assert data.samples[2]["input"].dtype == np.float32
+    np.testing.assert_array_equal(data.samples[2]["input"][0], x[2])
+    np.testing.assert_array_equal(data.labels, np.arange(5))
+    assert len(data.take(2)) == 2 and len(data.take(2).labels) == 2
+
+
+def test_npz_multi_input_by_name(tmp_path):
+    inputs = [TensorSpec("ids", (1, 4), "int64"), TensorSpec("mask", (1, 4), "int64")]
+    path = tmp_path / "m.npz"
+    np.savez(path, ids=np.ones((3, 4)), mask=np.zeros((3, 4)))
+    data = load_samples(path, inputs)
+    assert len(data) == 3 and data.labels is None
+    assert data.samples[0]["ids"].dtype == np.int64 and data.samples[0]["mask"].shape == (1, 4)
+    np.savez(path, ids=np.ones((3, 4)))
+    with pytest.raises(BadInputError, match="no array for input"):
+        load_samples(path, inputs)
+
+
+def test_npy_single_input(tmp_path):
+    path = tmp_path / "d.npy"
+    np.save(path, np.zeros((4, 3, 6, 4), np.float32))
+    assert len(load_samples(path, IMAGE)) == 4
+
+
+def test_image_folder_with_classes_and_preprocess(tmp_path):
+    for label, colour in (("cat", (255, 0, 0)), ("dog", (0, 0, 255))):
+        (tmp_path / label).mkdir()
+        for i in range(2):
+            Image.new("RGB", (20, 30), colour).save(tmp_path / label / f"{i}.png")
+    (tmp_path / "preprocess.toml").write_text('mean = [0.5, 0.5, 0.5]\nstd = [0.5, 0.5, 0.5]\ncolor = "bgr"\n')
+    data = load_samples(tmp_path, IMAGE)
+    assert len(data) == 4
+    np.testing.assert_array_equal(data.labels, [0, 0, 1, 1])
+    cat = data.samples[0]["input"]
+    assert cat.shape == (1, 3, 6, 4)
+    # red in RGB becomes channel 2 after BGR reordering; normalised to (1 - 0.5) / 0.5 = 1
+    np.testing.assert_allclose(cat[0, :, 0, 0], [-1.0, -1.0, 1.0])
+
+
+def test_preprocess_spec_rejects_unknown_keys(tmp_path):
+    Image.new("RGB", (4, 6)).save(tmp_path / "a.png")
+    (tmp_path / "preprocess.toml").write_text("resize = 3\n")
+    with pytest.raises(BadInputError, match="unknown key"):
+        load_samples(tmp_path, IMAGE)
+
+
+def test_unreadable_image(tmp_path):
+    (tmp_path / "a.png").write_bytes(b"not a png")
+    with pytest.raises(BadInputError, match="not a readable image"):
+        load_samples(tmp_path, IMAGE)
+
+
+def test_python_hook_with_labels(tmp_path):
+    hook = tmp_path / "hook.py"
+    hook.write_text("import numpy as np\n"
+                    "def data():\n"
+                    "    return [(np.full((3, 6, 4), i, np.float32), i % 2) for i in range(3)]\n")
+    data = load_samples(f"{hook}:data", IMAGE)
+    assert len(data) == 3
+    np.testing.assert_array_equal(data.labels, [0, 1, 0])
+    assert data.samples[1]["input"].shape == (1, 3, 6, 4)
+
+
+def test_python_hook_errors(tmp_path):
+    hook = tmp_path / "hook.py"
+    hook.write_text("def data():\n    raise RuntimeError('disk on fire')\n")
+    with pytest.raises(BadInputError, match="disk on fire"):
+        load_samples(f"{hook}:data", IMAGE)
+    with pytest.raises(BadInputError, match="no function 'other'"):
+        load_samples(f"{hook}:other", IMAGE)
+
+
+def test_nncf_dataset_feeds_by_name(tmp_path):
+    path = tmp_path / "d.npy"
+    np.save(path, np.zeros((2, 3, 6, 4), np.float32))
+    items = list(load_samples(path, IMAGE).to_nncf().get_inference_data())
+    assert len(items) == 2 and set(items[0]) == {"input"}
