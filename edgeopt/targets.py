@@ -302,3 +302,35 @@ def _shapes(path: Path, table: dict) -> dict[str, tuple[int, ...]]:
                                 f"got {dims!r}")
         shapes[name] = tuple(dims)
     return shapes
+
+
+def validate_on(target: Target, model_path: str | os.PathLike, *, runs: int = 300, warmup: int = 20,
+                min_seconds: float = 2.0, input_shapes: dict[str, tuple[int, ...]] | None = None,
+                host: HostInfo | None = None):
+    """Validate ``model_path`` against ``target``'s budgets with its settings, emulating the device when this
+    host is not it (``plan_emulation``); returns a ``ValidationReport``."""
+    from edgeopt.device.host import host_info
+    from edgeopt.device.validate import validate_artifact
+
+    emulation = plan_emulation(target, host or host_info())
+    return validate_artifact(
+        model_path, emulation.settings if emulation else target.settings, target.budgets, runs=runs, warmup=warmup,
+        min_seconds=min_seconds, emulation_note=emulation.note if emulation else None,
+        cpus=emulation.cpus if emulation else None, max_isa=emulation.max_isa if emulation else None,
+        input_shapes={**target.input_shapes, **(input_shapes or {})}, target=target.name,
+    )
+
+
+def model_in(path: str | os.PathLike, runtime: str) -> Path:
+    """``path`` itself, or the one model file in folder ``path`` that ``runtime`` runs (.xml first for OpenVINO)."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    suffixes = (".xml", ".onnx") if runtime == "openvino" else (".onnx",)
+    for suffix in suffixes:
+        found = sorted(path.glob(f"*{suffix}"))
+        if len(found) == 1:
+            return found[0]
+        if found:
+            raise BadInputError(f"{path}: several {suffix} models ({', '.join(f.name for f in found)}); name one")
+    raise BadInputError(f"{path}: no {' or '.join(suffixes)} model for {runtime} in this folder")

@@ -66,14 +66,16 @@ class ValidationReport:
             "cv": self.latency.cv, "p99_over_p50": self.latency.p99_over_p50,
         }
 
-    def measured_with(self) -> str:
-        """One line saying how the latency figures were measured."""
+    def measured_with(self, where: bool = True) -> str:
+        """One line saying how the latency figures were measured (and, with ``where``, on what)."""
         eff = self.effective_settings
-        where = self.emulation_note or f"on this host ({self.host['cpu_model']})"
-        return (f"{self.latency.runs} timed runs after {self.warmup} warm-up, batch 1, synchronous; "
+        text = (f"{self.latency.runs} timed runs after {self.warmup} warm-up, batch 1, synchronous; "
                 f"{self.settings.runtime} {self.runtime_version}, threads={eff.get('threads')}, "
                 f"streams={eff.get('streams')}, hint={eff.get('performance_hint')}, "
-                f"inference precision={eff.get('inference_precision')}; {where}")
+                f"inference precision={eff.get('inference_precision')}")
+        if not where:
+            return text
+        return f"{text}; {self.emulation_note or 'on the device itself (' + self.host['cpu_model'] + ')'}"
 
     def to_dict(self) -> dict:
         return {
