@@ -55,8 +55,12 @@ def _quiet_libraries() -> None:
 
 def _register() -> None:
     from edgeopt.cli import compress
+    from edgeopt.cli import targets as targets_cli
+    from edgeopt.cli import validate
 
     main.add_command(compress.compress)
+    main.add_command(targets_cli.targets)
+    main.add_command(validate.validate)
 
 
 _register()
