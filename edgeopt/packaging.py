@@ -1,0 +1,202 @@
+"""Package a compressed artifact for a device: pick its model files, validate it with the target's settings
+(or take a validation report measured before), assemble the manifest and write the bundle.
+
+The bundle is a function of its inputs only: the model files, the target profile, the validation report,
+the compress report, the preprocessing and ``build_id``. Measuring again gives other latency figures and
+so another bundle; pass the report (``report=``) to rebuild byte-identical bundles.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from edgeopt import __version__
+from edgeopt.bundle import write_bundle
+from edgeopt.device.bundle import SCHEMA, canonical_json
+from edgeopt.device.runtime import RuntimeSettings, open_session, runtime_for
+from edgeopt.errors import BadInputError, BudgetError, QualityGateError, first_line
+from edgeopt.targets import Target, load_target, model_in, validate_on
+
+VALIDATION = "validation.json"
+COMPRESS_REPORT = "compress_report.json"
+FORMAT_SUFFIX = {"openvino": ".xml", "onnx": ".onnx"}
+
+
+@dataclass(frozen=True)
+class PackageResult:
+    path: Path
+    manifest: dict
+    bytes: int
+    sha256: str
+
+    def describe(self) -> dict:
+        return {"bundle": str(self.path), "bytes": self.bytes, "sha256": self.sha256, "manifest": self.manifest}
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """How package measures when no report is given (``validate_on``'s arguments)."""
+
+    runs: int = 300
+    warmup: int = 20
+    min_seconds: float = 2.0
+
+
+def package(artifact: str | Path, target: str | Path | Target, out: str | Path, *,
+            formats: tuple[str, ...] | None = None, report: str | Path | None = None, build_id: str | None = None,
+            preprocess: str | Path | None = None, input_shapes: dict[str, tuple[int, ...]] | None = None,
+            measurement: Measurement = Measurement()) -> PackageResult:
+    """Validate ``artifact`` (a model file or an ``edgeopt compress`` folder) on ``target`` and write the
+    bundle to ``out``. ``input_shapes`` fill dynamic dimensions (over the target's). Raises ``QualityGateError`` when the compress report's gate failed and ``BudgetError``
+    when a budget fails; nothing is written then."""
+    from edgeopt.device.bundle import open_bundle
+
+    target = target if isinstance(target, Target) else load_target(target)
+    if build_id is not None and (not build_id or len(build_id) > 200 or not build_id.isprintable()):
+        raise BadInputError(f"--build-id must be 1-200 printable characters, got {build_id!r}")
+    artifact = Path(artifact)
+    if not artifact.exists():
+        raise BadInputError(f"{artifact}: no such artifact")
+    primary = model_in(artifact, target.settings.runtime)
+    compress_report = _compress_report(artifact)
+    models = _models(artifact, primary, formats, target.settings.runtime)
+    validation = _load_report(report, primary, target) if report else \
+        validate_on(target, primary, runs=measurement.runs, warmup=measurement.warmup,
+                    min_seconds=measurement.min_seconds, input_shapes=input_shapes).to_dict()
+    if not validation["passed"]:
+        failed = ", ".join(c["name"] for c in validation["checks"] if not c["passed"])
+        raise BudgetError(f"{primary}: device budget failed on {target.name} ({failed}); not packaged")
+    validation = validation | {"artifact": primary.name}
+    files: dict[str, bytes | Path] = {f.name: f for model in models for f in _model_files(model)}
+    files[VALIDATION] = canonical_json(validation)
+    if compress_report is not None:
+        files[COMPRESS_REPORT] = artifact / "report.json"
+    manifest = {
+        "schema": SCHEMA,
+        "edgeopt_version": __version__,
+        "build_id": build_id,
+        "target": {"name": target.name, "description": target.description, "device": asdict(target.device),
+                   "runtime": target.settings.describe(), "budgets": target.budgets.describe(),
+                   "input_shapes": validation["measured_with"]["input_shapes"]},
+        "runtime": {"name": target.settings.runtime, "version": validation["measured_with"]["runtime_version"]},
+        "model": primary.name,
+        "models": [_describe_model(m, primary, target.settings.runtime, compress_report) for m in models],
+        "recipe": compress_report["recipe"] if compress_report else None,
+        "preprocessing": _preprocessing(preprocess),
+        "quality": _quality(compress_report, models),
+        "validation": {"passed": validation["passed"], "checks": validation["checks"],
+                       "measured": {"latency_ms": validation["latency_ms"], "memory": validation["memory"],
+                                    "artifact_bytes": validation["artifact_bytes"],
+                                    "first_inference_ms": validation["first_inference_ms"],
+                                    "load_compile_ms": validation["load_compile_ms"]},
+                       "measured_with": validation["measured_with"]["summary"],
+                       "emulated": validation["emulated"], "report": VALIDATION},
+    }
+    path = write_bundle(out, manifest, files)
+    checked = open_bundle(path)
+    return PackageResult(path, checked.manifest, path.stat().st_size, checked.sha256)
+
+
+def _models(artifact: Path, primary: Path, formats: tuple[str, ...] | None, runtime: str) -> list[Path]:
+    """The primary model first, then any other formats asked for (from the same folder)."""
+    if not formats:
+        return [primary]
+    models = [primary]
+    for fmt in formats:
+        if fmt not in FORMAT_SUFFIX:
+            raise BadInputError(f"--format: unknown format '{fmt}' (use openvino, onnx)")
+        if primary.suffix.lower() == FORMAT_SUFFIX[fmt]:
+            continue
+        folder = artifact if artifact.is_dir() else artifact.parent
+        found = sorted(folder.glob(f"*{FORMAT_SUFFIX[fmt]}"))
+        if len(found) != 1:
+            raise BadInputError(f"{folder}: needs exactly one {FORMAT_SUFFIX[fmt]} model for --format {fmt}, "
+                                f"found {len(found)}")
+        models.append(found[0])
+    if primary.suffix.lower() not in [FORMAT_SUFFIX[f] for f in formats]:
+        raise BadInputError(f"--format {','.join(formats)} leaves out {primary.name}, the model {runtime} runs")
+    return models
+
+
+def _model_files(model: Path) -> list[Path]:
+    files = [model]
+    if model.suffix.lower() == ".xml":
+        if not model.with_suffix(".bin").is_file():
+            raise BadInputError(f"{model}: the weights file {model.with_suffix('.bin').name} is missing")
+        files.append(model.with_suffix(".bin"))
+    return files
+
+
+def _describe_model(model: Path, primary: Path, runtime: str, compress_report: dict | None) -> dict:
+    runtime = runtime if model == primary else runtime_for(model)
+    session = open_session(model, RuntimeSettings(runtime=runtime))
+    precision = None
+    for entry in (compress_report or {}).get("artifacts", []):
+        if entry.get("path") == model.name:
+            precision = entry.get("precision")
+    return {"path": model.name, "format": "openvino" if model.suffix.lower() == ".xml" else "onnx",
+            "runtime": runtime, "precision": precision, "files": [f.name for f in _model_files(model)],
+            "inputs": [_tensor(t) for t in session.inputs], "outputs": [_tensor(t) for t in session.outputs]}
+
+
+def _tensor(spec) -> dict:
+    return {"name": spec.name, "shape": list(spec.shape), "dtype": spec.dtype}
+
+
+def _compress_report(artifact: Path) -> dict | None:
+    """The folder's ``report.json`` from ``edgeopt compress``, if any; its quality gate must have passed."""
+    path = artifact / "report.json" if artifact.is_dir() else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadInputError(f"{path}: not a readable compress report ({first_line(exc)})") from exc
+    if not isinstance(data, dict) or "recipe" not in data:
+        raise BadInputError(f"{path}: not a compress report (no 'recipe')")
+    quality = data.get("quality") or {}
+    if quality.get("passed") is False:
+        raise QualityGateError(f"{path}: the artifact failed its quality gate; not packaged")
+    return data
+
+
+def _quality(compress_report: dict | None, models: list[Path]) -> dict | None:
+    quality = (compress_report or {}).get("quality")
+    if not quality or not quality.get("original"):
+        return None
+    names = {"openvino" if m.suffix.lower() == ".xml" else "onnx" for m in models}
+    return {"gate": quality.get("gate"), "original": quality.get("original"), "evaluated_with": quality.get("evaluated_with"),
+            "artifacts": {k: v for k, v in (quality.get("artifacts") or {}).items() if k in names}}
+
+
+def _preprocessing(path: str | Path | None) -> dict | None:
+    if path is None:
+        return None
+    from edgeopt.data import Preprocess
+
+    path = Path(path)
+    if not path.is_file():
+        raise BadInputError(f"{path}: no such preprocessing file")
+    return asdict(Preprocess.load(path))
+
+
+def _load_report(path: str | Path, primary: Path, target: Target) -> dict:
+    """A validation report (``edgeopt validate --json``) of this very model, target and budgets."""
+    from edgeopt.device.validate import artifact_files
+
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadInputError(f"{path}: not a readable validation report ({first_line(exc)})") from exc
+    needed = ("target", "files", "passed", "checks", "budgets", "latency_ms", "memory", "artifact_bytes",
+              "first_inference_ms", "load_compile_ms", "measured_with", "emulated")
+    if not isinstance(data, dict) or any(key not in data for key in needed):
+        raise BadInputError(f"{path}: not a validation report of one artifact (from `edgeopt validate --json`)")
+    if data["target"] != target.name or data["budgets"] != target.budgets.describe():
+        raise BadInputError(f"{path}: measured for target '{data['target']}' with other budgets, not '{target.name}'")
+    if data["files"] != artifact_files(primary):
+        raise BadInputError(f"{path}: measured on other model files ({data['files']}), not {primary.name}")
+    return data
