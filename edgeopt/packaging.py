@@ -45,12 +45,14 @@ class Measurement:
 
 
 def package(artifact: str | Path, target: str | Path | Target, out: str | Path, *,
-            formats: tuple[str, ...] | None = None, report: str | Path | None = None, build_id: str | None = None,
+            formats: tuple[str, ...] | None = None, report: str | Path | dict | None = None,
+            build_id: str | None = None,
             preprocess: str | Path | None = None, input_shapes: dict[str, tuple[int, ...]] | None = None,
             measurement: Measurement = Measurement()) -> PackageResult:
     """Validate ``artifact`` (a model file or an ``edgeopt compress`` folder) on ``target`` and write the
     bundle to ``out``. ``input_shapes`` fill dynamic dimensions (over the target's). Raises ``QualityGateError`` when the compress report's gate failed and ``BudgetError``
-    when a budget fails; nothing is written then."""
+    when a budget fails; nothing is written then. ``report``: a validation report (file or ``to_dict()``) of
+    this model on this target, used instead of measuring again."""
     from edgeopt.device.bundle import open_bundle
 
     target = target if isinstance(target, Target) else load_target(target)
@@ -62,7 +64,7 @@ def package(artifact: str | Path, target: str | Path | Target, out: str | Path, 
     primary = model_in(artifact, target.settings.runtime)
     compress_report = _compress_report(artifact)
     models = _models(artifact, primary, formats, target.settings.runtime)
-    validation = _load_report(report, primary, target) if report else \
+    validation = _load_report(report, primary, target) if report is not None else \
         validate_on(target, primary, runs=measurement.runs, warmup=measurement.warmup,
                     min_seconds=measurement.min_seconds, input_shapes=input_shapes).to_dict()
     if not validation["passed"]:
@@ -182,13 +184,13 @@ def _preprocessing(path: str | Path | None) -> dict | None:
     return asdict(Preprocess.load(path))
 
 
-def _load_report(path: str | Path, primary: Path, target: Target) -> dict:
+def _load_report(source: str | Path | dict, primary: Path, target: Target) -> dict:
     """A validation report (``edgeopt validate --json``) of this very model, target and budgets."""
     from edgeopt.device.validate import artifact_files
 
-    path = Path(path)
+    path = "validation report" if isinstance(source, dict) else Path(source)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = source if isinstance(source, dict) else json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadInputError(f"{path}: not a readable validation report ({first_line(exc)})") from exc
     needed = ("target", "files", "passed", "checks", "budgets", "latency_ms", "memory", "artifact_bytes",
