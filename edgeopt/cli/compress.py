@@ -31,11 +31,13 @@ from edgeopt.errors import BadInputError, QualityGateError
               help="With --target: timed inferences for validation (at least).")
 @click.option("--validate-seconds", default=2.0, show_default=True, type=click.FloatRange(min=0),
               help="With --target: keep timing at least this long.")
+@click.option("--package", "package_out", default=None, type=click.Path(dir_okay=False),
+              help="With --target: also write a device bundle (.tar.gz) of the validated artifact.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--json", "json_out", default=None, help="Write the report as JSON to this file ('-' for stdout).")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 def compress(model, calibration, out, formats, precision, recipe, eval_data, max_drop, min_cosine, input_shapes,
-             seed, json_out, quiet, target, validate_runs, validate_seconds):
+             seed, json_out, quiet, target, validate_runs, validate_seconds, package_out):
     """Compress MODEL (ONNX, OpenVINO IR, file.py:factory, TorchScript or .pt2) and write IR/ONNX to OUT."""
     from edgeopt import atomic
     from edgeopt.cli.streams import library_output
@@ -47,6 +49,8 @@ def compress(model, calibration, out, formats, precision, recipe, eval_data, max
     from edgeopt.report_console import print_compress_result
     from edgeopt.source import parse_input_shapes
 
+    if package_out and not target:
+        raise BadInputError("--package needs --target (the bundle carries the target's settings and budgets)")
     if formats is None:
         formats = "openvino" if model.lower().endswith(".xml") else "openvino,onnx"
     profile, precision, shapes = _apply_target(target, precision, recipe, formats, parse_input_shapes(input_shapes))
@@ -69,6 +73,12 @@ def compress(model, calibration, out, formats, precision, recipe, eval_data, max
         failed = [f"{name}: {msg}" for name, (ok, msg) in result.gate_results.items() if not ok]
         raise QualityGateError("quality gate failed: " + "; ".join(failed))
     raise_if_failed(validations)
+    if package_out:
+        from edgeopt.packaging import package
+
+        bundle = package(result.out, profile, package_out, report=validations[0].to_dict())
+        if not quiet and json_out != "-":
+            click.echo(f"{bundle.path}: {bundle.bytes} bytes, sha256 {bundle.sha256}")
 
 
 def _recipe(recipe: str | None, precision: str | None, parse):
