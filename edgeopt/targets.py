@@ -128,16 +128,32 @@ def load_target(name_or_path: str | os.PathLike) -> Target:
 
 def list_targets() -> list[Target]:
     """Every concrete profile on the search path (the first of a name wins), sorted by name."""
-    found: dict[str, Path] = {}
-    for folder in search_path():
-        for path in sorted(folder.glob("*.toml")) if folder.is_dir() else ():
-            found.setdefault(path.stem, path)
     targets = []
-    for name, path in sorted(found.items()):
+    for path in _files().values():
         raw, chain = _resolve(path, ())
         if not raw.get("abstract"):
             targets.append(_build(path, raw, chain))
     return targets
+
+
+def _files() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for folder in search_path():
+        for path in sorted(folder.glob("*.toml")) if folder.is_dir() else ():
+            found.setdefault(path.stem, path)
+    return dict(sorted(found.items()))
+
+
+def _names() -> list[str]:
+    """Names of the concrete profiles, without checking them (for messages)."""
+    names = []
+    for name, path in _files().items():
+        try:
+            if not tomllib.loads(path.read_text(encoding="utf-8")).get("abstract"):
+                names.append(name)
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            names.append(name)
+    return names
 
 
 def plan_emulation(target: Target, host: HostInfo) -> Emulation | None:
@@ -188,7 +204,7 @@ def _locate(text: str) -> Path:
     for folder in search_path():
         if (folder / f"{text}.toml").is_file():
             return folder / f"{text}.toml"
-    known = ", ".join(t.name for t in list_targets()) or "none"
+    known = ", ".join(_names()) or "none"
     raise BadInputError(f"unknown target '{text}' (known: {known}; or give a .toml path)")
 
 

@@ -27,12 +27,12 @@ def list_command(as_json):
         click.echo(json.dumps([t.describe() | {"this_host": t.is_host(host)} for t in found], indent=2))
         return
     table = Table(title=f"device profiles (this host: {host.cpu_model}, {host.usable_cpus} CPUs)")
-    for column in ("name", "device", "runtime", "model", "p50/p99 ms", "RSS MB", "this host"):
-        table.add_column(column)
+    for column in ("name", "device", "runtime", "p50/p99 ms", "this host"):
+        table.add_column(column, no_wrap=column != "device")
     for t in found:
         b, s = t.budgets, t.settings
-        table.add_row(t.name, t.device.name, f"{s.runtime} {s.threads}T {s.inference_precision}", "/".join(t.precisions),
-                      f"{b.p50_ms:g}/{b.p99_ms:g}", f"{b.max_peak_rss_mb:g}", "yes" if t.is_host(host) else "emulated")
+        table.add_row(t.name, t.device.name, f"{s.runtime} {s.threads}T {s.inference_precision}",
+                      f"{b.p50_ms:g}/{b.p99_ms:g}", "yes" if t.is_host(host) else "emulated")
     console().print(table)
 
 

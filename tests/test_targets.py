@@ -1,0 +1,164 @@
+"""Device profiles: the shipped ones, the strict schema, inheritance, emulation decisions and the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from edgeopt.device.budgets import BUDGET_FIELDS
+from edgeopt.device.host import HostInfo
+from edgeopt.errors import BadInputError
+from edgeopt.targets import list_targets, load_target, onednn_isa, plan_emulation
+
+ROOT = Path(__file__).resolve().parents[1]
+
+VALID = """
+extends = "base-x86"
+description = "test box"
+
+[device]
+name = "test box"
+cpu = "test CPU"
+cores = 2
+memory_mb = 2048
+
+[runtime]
+threads = 2
+
+[budgets]
+max_file_mb = 10
+max_peak_rss_mb = 500
+p50_ms = 5
+p95_ms = 10
+p99_ms = 20
+"""
+
+
+@pytest.fixture
+def profiles(tmp_path, monkeypatch):
+    """Write profiles into a folder on $EDGEOPT_TARGETS; returns ``write(name, text) -> path``."""
+    monkeypatch.setenv("EDGEOPT_TARGETS", str(tmp_path))
+
+    def write(name: str, text: str) -> Path:
+        path = tmp_path / f"{name}.toml"
+        path.write_text(text)
+        return path
+
+    return write
+
+
+def host(machine="x86_64", cpu="AMD EPYC", cpus=2, flags=("avx2", "avx512f")) -> HostInfo:
+    return HostInfo(cpu_model=cpu, logical_cpus=cpus, usable_cpus=cpus, memory_bytes=None, os="Linux",
+                    machine=machine, python="3.11", cpu_flags=flags)
+
+
+def test_shipped_profiles_are_complete_and_sourced():
+    targets = {t.name: t for t in list_targets()}
+    assert {"raspberry-pi-4", "raspberry-pi-5", "intel-n100", "intel-core-i7-1165g7", "jetson-orin-nano-cpu",
+            "generic-x86-avx2-2core"} <= set(targets)
+    for target in targets.values():
+        assert set(target.budgets.describe()) == set(BUDGET_FIELDS), target.name
+        assert target.precisions and target.settings.threads and target.extends
+        text = target.source.read_text()
+        assert "Source" in text and "https://" in text, f"{target.source}: figures need a source"
+    assert "base-x86" not in targets and "base-arm64" not in targets  # abstract bases are not devices
+    assert targets["raspberry-pi-4"].device.cores == 4 and targets["raspberry-pi-4"].settings.inference_precision == "f32"
+    assert targets["raspberry-pi-5"].settings.inference_precision == "f16"
+    assert targets["jetson-orin-nano-cpu"].device.cores == 6
+
+
+def test_extends_merges_key_by_key(profiles):
+    profiles("child", VALID + '\n[model]\nprecisions = ["int8"]\ninput_shapes = { input = [1, 3, 8, 8] }\n')
+    target = load_target("child")
+    assert target.extends == ("base-x86",)
+    assert target.settings.threads == 2  # from the child
+    assert target.settings.inference_precision == "f32" and target.settings.performance_hint == "LATENCY"  # base
+    assert target.device.arch == "x86_64"  # base [device] merged under the child's
+    assert target.budgets.max_cv == 0.5 and target.budgets.p50_ms == 5.0  # base + child budgets
+    assert target.precisions == ("int8",) and target.input_shapes == {"input": (1, 3, 8, 8)}
+    grandchild = profiles("grandchild", 'extends = "child"\n[runtime]\nthreads = 1\n')
+    assert load_target(grandchild).extends == ("child", "base-x86")
+    assert load_target(str(grandchild)).settings.threads == 1
+
+
+@pytest.mark.parametrize("edit, key, words", [
+    (("p99_ms = 20", "p99_ms = 20\np999_ms = 40"), "budgets.p999_ms", "unknown key"),
+    (("[runtime]", "colour = 'red'\n[runtime]"), "colour", "unknown key"),
+    (("threads = 2", 'threads = "two"'), "runtime.threads", "must be an integer"),
+    (("p50_ms = 5", 'p50_ms = "fast"'), "budgets.p50_ms", "must be a number"),
+    (("p50_ms = 5", "p50_ms = true"), "budgets.p50_ms", "must be a number"),
+    (("p95_ms = 10\n", ""), "budgets.p95_ms", "missing budget"),
+    (("cores = 2", "cores = 0"), "device.cores", "at least 1"),
+    (("threads = 2", 'threads = 2\nname = "tensorrt"'), "runtime.name", "must be one of"),
+    (("threads = 2", 'threads = 2\ninference_precision = "int4"'), "runtime.inference_precision", "must be one of"),
+    (("p50_ms = 5", "p50_ms = -5"), "p50_ms", "positive number"),
+])
+def test_schema_errors_name_the_file_and_the_key(profiles, edit, key, words):
+    path = profiles("broken", VALID.replace(*edit))
+    with pytest.raises(BadInputError) as info:
+        load_target("broken")
+    message = str(info.value)
+    assert str(path) in message and key in message and words in message, message
+
+
+def test_missing_budget_says_where_it_was_looked_for(profiles):
+    profiles("nobudget", VALID.replace("p99_ms = 20\n", ""))
+    with pytest.raises(BadInputError, match=r"nobudget\.toml: missing budget 'budgets\.p99_ms' \(not set here nor in "
+                                            r"base-x86\)"):
+        load_target("nobudget")
+
+
+def test_bad_extends_and_toml(profiles):
+    profiles("a", 'extends = "b"\ndescription = "a"\n')
+    profiles("b", 'extends = "a"\ndescription = "b"\n')
+    with pytest.raises(BadInputError, match="cycle"):
+        load_target("a")
+    profiles("orphan", VALID.replace("base-x86", "no-such-base"))
+    with pytest.raises(BadInputError, match="orphan.toml: extends: no base profile named 'no-such-base'"):
+        load_target("orphan")
+    profiles("garbled", "description = \n")
+    with pytest.raises(BadInputError, match="garbled.toml: not valid TOML"):
+        load_target("garbled")
+    with pytest.raises(BadInputError, match="abstract base"):
+        load_target("base-x86")
+    with pytest.raises(BadInputError, match="unknown target 'nope'.*generic-x86-avx2-2core"):
+        load_target("nope")
+
+
+def test_emulation_is_planned_and_said():
+    pi4 = load_target("raspberry-pi-4")
+    assert plan_emulation(pi4, host("aarch64", "Cortex-A72", 4)) is None  # this host is the device
+    emulation = plan_emulation(pi4, host())
+    assert emulation.settings.threads == 2 and emulation.cpus == (0, 1)[:len(emulation.cpus)]
+    assert emulation.note.startswith("emulated on ") and "(AMD EPYC)" in emulation.note
+    assert "aarch64" in emulation.note and emulation.max_isa is None
+    n100 = plan_emulation(load_target("intel-n100"), host())
+    assert n100.max_isa == "AVX2_VNNI" and "ISA capped to AVX2_VNNI" in n100.note
+    generic = load_target("generic-x86-avx2-2core")
+    assert not generic.is_host(host(cpu="anything", cpus=64))  # a generic profile is always emulated
+    assert onednn_isa(("avx2",)) == "AVX2"
+    assert onednn_isa(("avx2", "avx512f", "avx512_vnni")) == "AVX512_CORE_VNNI"
+    assert onednn_isa(()) == "SSE41"
+
+
+def test_cli_list_and_show(cli, profiles):
+    result = cli("targets", "list")
+    assert result.exit_code == 0 and "raspberry-pi-4" in result.output and "emulated" in result.output
+    listed = json.loads(cli("targets", "list", "--json").output)
+    assert {"raspberry-pi-5", "intel-n100"} <= {t["name"] for t in listed}
+    shown = json.loads(cli("targets", "show", "generic-x86-avx2-2core", "--json").output)
+    assert shown["runtime"]["threads"] == 2 and shown["extends"] == ["base-x86"]
+    assert shown["emulation_note"].startswith("emulated on")
+    result = cli("targets", "show", "raspberry-pi-5")
+    assert result.exit_code == 0 and "Cortex-A76" in result.output and "p99_ms" in result.output
+
+
+def test_cli_bad_profile_is_one_line_exit_2(cli, profiles):
+    path = profiles("broken", VALID.replace("p99_ms = 20", "p99_ms = 20\nlatency = 3"))
+    result = cli("targets", "show", "broken")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"edgeopt: {path}: unknown key 'budgets.latency' (known: " \
+                                    f"{', '.join('budgets.' + k for k in BUDGET_FIELDS)})"
+    assert "Traceback" not in result.output

@@ -1,0 +1,155 @@
+"""Budgets, out-of-process validation, its JSON/JUnit reports, `edgeopt validate` and `compress --target`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from edgeopt.device.budgets import Budgets, check_budgets
+from edgeopt.device.runtime import RuntimeSettings
+from edgeopt.device.validate import validate_artifact
+from edgeopt.errors import BadInputError
+
+LOOSE = """
+extends = "generic-x86-avx2-2core"
+description = "{name}"
+[budgets]
+max_cv = 1e6
+max_p99_over_p50 = 1e6
+p50_ms = 1e4
+p95_ms = 1e4
+p99_ms = 1e4
+"""
+
+
+@pytest.fixture
+def profiles(tmp_path, monkeypatch):
+    folder = tmp_path / "targets"
+    folder.mkdir()
+    monkeypatch.setenv("EDGEOPT_TARGETS", str(folder))
+
+    def write(name: str, text: str) -> Path:
+        (folder / f"{name}.toml").write_text(text.format(name=name))
+        return folder / f"{name}.toml"
+
+    write("loose", LOOSE)
+    write("impossible", LOOSE.replace("p50_ms = 1e4", "p50_ms = 1e-6"))
+    write("loose-ort", LOOSE + "[runtime]\nname = \"onnxruntime\"\n")
+    return write
+
+
+def test_budgets_from_dict_is_strict():
+    assert Budgets.from_dict({"p50_ms": 3, "max_cv": 0.5}).describe() == {"p50_ms": 3.0, "max_cv": 0.5}
+    with pytest.raises(BadInputError, match="manifest: unknown budget key\\(s\\) p50"):
+        Budgets.from_dict({"p50": 3}, source="manifest")
+    with pytest.raises(BadInputError, match="'p99_ms' must be a positive number"):
+        Budgets.from_dict({"p99_ms": 0})
+
+
+def test_check_budgets_margins_and_unmeasured():
+    checks = {c.name: c for c in check_budgets(Budgets(p50_ms=2.0, p99_ms=4.0, max_peak_rss_mb=100.0),
+                                               {"p50_ms": 1.5, "p99_ms": 5.0, "peak_rss_mb": None})}
+    assert checks["p50_ms"].passed and checks["p50_ms"].margin == pytest.approx(0.5)
+    assert checks["p50_ms"].margin_pct == pytest.approx(25.0)
+    assert not checks["p99_ms"].passed and checks["p99_ms"].margin == pytest.approx(-1.0)
+    assert not checks["max_peak_rss_mb"].passed and checks["max_peak_rss_mb"].measured is None  # cannot be shown
+    assert check_budgets(Budgets(), {"p50_ms": 1.0}) == []
+
+
+def test_validate_artifact_measures_in_a_separate_process(tiny_ir):
+    report = validate_artifact(tiny_ir, RuntimeSettings(threads=1), Budgets(p50_ms=1e4, max_file_mb=1.0), runs=40,
+                               warmup=5, min_seconds=0, emulation_note="emulated on test", cpus=(0,))
+    assert report.latency.runs >= 40 and report.latency.p50_ms <= report.latency.p99_ms <= report.latency.max_ms
+    assert report.files == {tiny_ir.name: tiny_ir.stat().st_size,
+                            tiny_ir.with_suffix(".bin").name: tiny_ir.with_suffix(".bin").stat().st_size}
+    assert 0 < report.rss_before_load_bytes <= report.peak_rss_bytes
+    assert report.effective_settings["inference_precision"] == "f32"  # pinned, not the host's bf16 default
+    assert report.cpus == [0] and report.input_shapes == {"input": [1, 1, 8, 8]}
+    assert report.kernels and report.passed
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["emulated"] and data["emulation_note"] == "emulated on test"
+    assert data["measured_with"]["settings_requested"]["threads"] == 1 and data["host"]["cpu_model"]
+
+
+def test_lean_modules_import_no_heavy_packages():
+    code = ("import sys, edgeopt.device.validate, edgeopt.device.reports, edgeopt.device.probe, "
+            "edgeopt.device.budgets; print([m for m in ('torch', 'nncf', 'click', 'rich', 'psutil', 'sklearn', "
+            "'openvino', 'onnxruntime') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_cli_validate_passes_with_json_and_junit(cli, profiles, tiny_ir, tmp_path):
+    json_path, junit_path = tmp_path / "r.json", tmp_path / "r.xml"
+    result = cli("validate", tiny_ir, "--target", "loose", "--runs", 30, "--warmup", 5, "--min-seconds", 0,
+                 "--json", json_path, "--junit", junit_path)
+    assert result.exit_code == 0, result.output
+    assert "PASS" in result.output and "FAIL" not in result.output and "emulated on" in result.output
+    data = json.loads(json_path.read_text())
+    assert data["passed"] and data["target"] == "loose" and len(data["checks"]) == 7
+    assert data["measured_with"]["settings_effective"]["threads"] == "2"
+    suite = ET.parse(junit_path).getroot().find("testsuite")
+    assert suite.get("tests") == "7" and suite.get("failures") == "0"
+    assert {case.get("name") for case in suite.iter("testcase")} == {c["name"] for c in data["checks"]}
+
+
+def test_cli_impossible_budget_exits_4(cli, profiles, tiny_ir, tmp_path):
+    junit_path = tmp_path / "r.xml"
+    result = cli("validate", tiny_ir.parent, "--target", "impossible", "--runs", 20, "--min-seconds", 0,
+                 "--json", "-", "--junit", junit_path)
+    assert result.exit_code == 4
+    data = json.loads(result.stdout)  # --json - prints only the JSON on stdout
+    assert not data["passed"] and data["artifact"] == str(tiny_ir)  # the folder's .xml was picked
+    assert [c["name"] for c in data["checks"] if not c["passed"]] == ["p50_ms"]
+    assert result.stderr.strip() == f"edgeopt: device budget failed ({tiny_ir}: p50_ms)"
+    suite = ET.parse(junit_path).getroot().find("testsuite")
+    assert suite.get("failures") == "1"
+    failure = next(case for case in suite.iter("testcase") if case.get("name") == "p50_ms").find("failure")
+    assert failure is not None and "budget 1e-06ms" in failure.get("message")
+
+
+def test_cli_onnxruntime_profile(cli, profiles, tiny_onnx):
+    result = cli("validate", tiny_onnx, "--target", "loose-ort", "--runs", 20, "--min-seconds", 0, "--json", "-")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["measured_with"]["settings_requested"]["runtime"] == "onnxruntime"
+    assert any("ONNX Runtime" in note for note in data["notes"])  # precision hint not applied: said, not hidden
+
+
+@pytest.mark.parametrize("args, words", [
+    (("{missing}", "--target", "loose"), "no such model file"),
+    (("{ir}", "--target", "loose-ort"), "ONNX Runtime needs an .onnx file"),
+    (("{ir}", "--target", "nope"), "unknown target 'nope'"),
+    (("{ir}", "--target", "loose", "--input-shape", "input=1,1,9,9"), "does not fit the model's [1,1,8,8]"),
+])
+def test_cli_bad_input_exits_2(cli, profiles, tiny_ir, tmp_path, args, words):
+    args = [a.format(missing=tmp_path / "none.xml", ir=tiny_ir) for a in args]
+    result = cli("validate", *args, "--runs", 5, "--min-seconds", 0)
+    assert result.exit_code == 2 and words in result.stderr and "Traceback" not in result.output
+
+
+def test_compress_with_target(cli, profiles, tiny_factory, tiny_calib, tmp_path):
+    out = tmp_path / "out"
+    result = cli("compress", tiny_factory, "--calib", tiny_calib, "--eval", tiny_calib, "--target", "impossible",
+                 "--max-drop", 100, "--validate-runs", 20, "--validate-seconds", 0, "--out", out)
+    assert result.exit_code == 4, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["recipe"].startswith("int8")  # the profile's first precision choice
+    validation = report["validation"]
+    assert validation["target"] == "impossible" and not validation["passed"]
+    assert [r["artifact"] for r in validation["reports"]] == [str(out / "model.xml")]  # the runtime it names
+    result = cli("compress", tiny_factory, "--calib", tiny_calib, "--target", "loose-ort", "--format", "openvino",
+                 "--out", tmp_path / "never")
+    assert result.exit_code == 2 and "--format must include onnx" in result.stderr
+    assert not (tmp_path / "never").exists()
+
+
+def test_compress_refuses_a_precision_the_target_lacks(cli, tiny_factory, tiny_calib, tmp_path):
+    result = cli("compress", tiny_factory, "--calib", tiny_calib, "--target", "raspberry-pi-4", "--precision", "fp16",
+                 "--out", tmp_path / "never")
+    assert result.exit_code == 2 and "target raspberry-pi-4 supports int8, fp32" in result.stderr
