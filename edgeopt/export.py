@@ -57,6 +57,7 @@ def save_artifacts(model: WorkingModel, folder: Path, formats: tuple[str, ...], 
     artifacts = []
     if "openvino" in formats:
         xml = folder / f"{stem}.xml"
+        canonicalize_names(model.ov_model)
         ov.save_model(model.ov_model, str(xml), compress_to_fp16=model.precision != "fp32")
         artifacts.append(Artifact("openvino", xml, (xml, xml.with_suffix(".bin")), model.precision))
     if "onnx" in formats:
@@ -64,6 +65,19 @@ def save_artifacts(model: WorkingModel, folder: Path, formats: tuple[str, ...], 
         onnx.save(model.onnx_model, str(path))
         artifacts.append(Artifact("onnx", path, (path,), model.precision))
     return artifacts
+
+
+def canonicalize_names(ov_model) -> None:
+    """Renumber OpenVINO's auto-generated node names (``Constant_26008``) in graph order.
+
+    Those numbers come from a process-wide counter, so without this the same model converted twice in one
+    process would be saved with different names; with it, the IR is byte-identical run to run.
+    """
+    ov_model.set_friendly_name("model")
+    for index, op in enumerate(ov_model.get_ordered_ops()):
+        prefix, _, digits = op.get_friendly_name().rpartition("_")
+        if prefix.isalnum() and digits.isdigit():
+            op.set_friendly_name(f"{prefix}_{index}")
 
 
 def sha256(path: Path) -> str:

@@ -123,3 +123,22 @@ def test_json_to_stdout_is_pure_json(cli, tmp_path, tiny_onnx, tiny_calib):
     result = cli("compress", tiny_onnx, "--calib", tiny_calib, "--out", tmp_path / "o", "--json", "-")
     assert result.exit_code == 0
     assert json.loads(result.stdout)["recipe"] == "int8"
+
+
+def test_same_inputs_give_byte_identical_artifacts(cli, tmp_path, tiny_factory, tiny_calib):
+    digests = []
+    for run in ("a", "b"):
+        out = tmp_path / run
+        assert cli("compress", tiny_factory, "--calib", tiny_calib, "--out", out, "--quiet").exit_code == 0
+        digests.append({p.name: p.read_bytes() for p in out.iterdir() if p.suffix in (".xml", ".bin", ".onnx")})
+    assert digests[0] == digests[1] and len(digests[0]) == 3
+
+
+def test_python_api(tmp_path, tiny_onnx, tiny_calib):
+    import edgeopt
+
+    result = edgeopt.compress(tiny_onnx, tiny_calib, out=tmp_path / "api", recipe="fp16", formats=("openvino",),
+                              eval_data=tiny_calib)
+    assert [a.format for a in result.artifacts] == ["openvino"]
+    assert result.artifacts[0].path == tmp_path / "api" / "model.xml" and result.artifacts[0].path.is_file()
+    assert result.quality_passed and result.qualities["openvino"].fidelity.cosine > 0.999
