@@ -78,7 +78,7 @@ def compress(model: str | Path, calibration: str | Path, *, out: str | Path, rec
         source = load_model(model, input_shapes)
         calib = load_samples(calibration, source.inputs)
         evaluation = load_samples(eval_data, source.inputs) if eval_data else None
-    working, fp32_ir_bytes = _run_recipe(source, recipe, calib, formats, seed, timer)
+    working, fp32_ir_bytes = _run_recipe(source, recipe, calib, formats, seed, timer, evaluation)
     out = Path(out)
     with atomic.atomic_dir(out) as tmp:
         with timer("save"):
@@ -94,7 +94,7 @@ def compress(model: str | Path, calibration: str | Path, *, out: str | Path, rec
 
 
 def _run_recipe(source: SourceModel, recipe: Recipe, calib: SampleSet, formats: tuple[str, ...], seed: int,
-                timer: "_Timer") -> tuple[WorkingModel, int]:
+                timer: "_Timer", evaluation: SampleSet | None = None) -> tuple[WorkingModel, int]:
     """Run torch steps, convert, run graph steps; also return the FP32 IR size before graph steps."""
     torch_steps = [s for s in recipe.steps if get_pass(s.name).stage == "torch"]
     graph_steps = [s for s in recipe.steps if get_pass(s.name).stage == "graph"]
@@ -104,7 +104,7 @@ def _run_recipe(source: SourceModel, recipe: Recipe, calib: SampleSet, formats: 
     first_graph = min((recipe.steps.index(s) for s in graph_steps), default=len(recipe.steps))
     if any(recipe.steps.index(s) > first_graph for s in torch_steps):
         raise BadInputError(f"recipe '{recipe.describe()}': PyTorch steps must come before graph steps")
-    ctx = PassContext(calibration=calib, seed=seed, want_onnx="onnx" in formats)
+    ctx = PassContext(calibration=calib, seed=seed, want_onnx="onnx" in formats, evaluation=evaluation)
     working = WorkingModel(source, torch_module=copy.deepcopy(source.torch_module) if source.kind == "torch" else None)
     for step in torch_steps:
         with timer(step.name):

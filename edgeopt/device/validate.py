@@ -48,6 +48,7 @@ class ValidationReport:
     checks: list[BudgetCheck]
     target: str | None = None
     budgets: Budgets = field(default_factory=Budgets)
+    timings_ms: tuple[float, ...] = ()  # every timed inference, in order (for histograms)
 
     @property
     def artifact_bytes(self) -> int:
@@ -143,7 +144,7 @@ def validate_artifact(model_path: str | Path, settings: RuntimeSettings, budgets
         load_compile_ms=result["load_compile_ms"], rss_before_load_bytes=result["rss_before_load_bytes"],
         peak_rss_bytes=result["peak_rss_bytes"], cpus=result["cpus"], kernels=result["kernels"],
         host=host_info().describe(), emulation_note=emulation_note, notes=notes, checks=[], target=target,
-        budgets=budgets,
+        budgets=budgets, timings_ms=tuple(result["timings_ms"]),
     )
     return replace(report, checks=check_budgets(budgets, report.measured()))
 

@@ -37,6 +37,7 @@ class PassContext:
     seed: int = 0
     want_onnx: bool = True
     settings: dict = field(default_factory=dict)  # extra knobs from the CLI or a target profile
+    evaluation: SampleSet | None = None  # held-out data (with labels when given), for accuracy-aware passes
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ def register(name: str, stage: str, summary: str) -> Callable:
 
 def _load_builtin_passes() -> None:
     from edgeopt.passes import quantize  # noqa: F401  (registers int8, fp16)
+    from edgeopt.passes import accuracy_control  # noqa: F401  (registers int8_ac)
 
 
 def get_pass(name: str) -> PassInfo:
