@@ -1,0 +1,100 @@
+"""One candidate of the search: what was built, how good it is, how it measured against the device's budgets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edgeopt.device.budgets import BudgetCheck
+
+TIE_TOLERANCE = 0.03  # objective values within 3% count as a tie (measurement noise); ties go to the smaller file
+
+
+@dataclass
+class Candidate:
+    label: str
+    stage: str
+    precision: str
+    recipe: str
+    eligible: bool  # the device runs this precision (the FP32 baseline is measured even when it does not)
+    skipped: str | None = None  # why it was not built or measured
+    artifact: Path | None = None  # the model file the device's runtime loads (in the cache)
+    file_bytes: int | None = None
+    top1: float | None = None
+    reference_top1: float | None = None
+    cosine: float | None = None
+    gate_passed: bool | None = None
+    gate_check: str = ""
+    figures: dict[str, float | None] = field(default_factory=dict)  # see budgets.BUDGET_FIELDS
+    checks: list[BudgetCheck] = field(default_factory=list)
+    validation: dict | None = None  # ValidationReport.to_dict()
+    timings_ms: list[float] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    reused: dict[str, bool] = field(default_factory=lambda: {"artifact": False, "measurement": False})
+
+    @property
+    def measured(self) -> bool:
+        return self.validation is not None
+
+    @property
+    def budgets_passed(self) -> bool:
+        return self.measured and all(check.passed for check in self.checks)
+
+    @property
+    def passed(self) -> bool:
+        """Eligible, within the quality gate and every budget."""
+        return self.eligible and bool(self.gate_passed) and self.budgets_passed
+
+    @property
+    def failing(self) -> list[BudgetCheck]:
+        return [check for check in self.checks if not check.passed]
+
+    @property
+    def top1_drop(self) -> float | None:
+        if self.top1 is None or self.reference_top1 is None:
+            return None
+        return self.reference_top1 - self.top1
+
+    def overshoot(self) -> tuple[int, float]:
+        """How far from passing: failed budgets, then the sum of their relative excess."""
+        excess = sum(1.0 if c.measured is None else (c.measured - c.budget) / c.budget for c in self.failing)
+        return len(self.failing), excess
+
+    def failing_text(self) -> str:
+        return ", ".join(f"{c.name} ({_num(c.measured)} > {_num(c.budget)}{' ' + c.unit if c.unit else ''})"
+                         for c in self.failing) or "none"
+
+    def describe(self) -> dict:
+        return {
+            "label": self.label, "stage": self.stage, "precision": self.precision, "recipe": self.recipe,
+            "eligible": self.eligible, "skipped": self.skipped, "artifact": str(self.artifact) if self.artifact else None,
+            "file_bytes": self.file_bytes,
+            "quality": {"top1": self.top1, "reference_top1": self.reference_top1, "top1_drop": self.top1_drop,
+                        "cosine": self.cosine, "gate_passed": self.gate_passed, "gate_check": self.gate_check},
+            "figures": self.figures, "checks": [c.describe() for c in self.checks],
+            "budgets_passed": self.budgets_passed if self.measured else None, "passed": self.passed,
+            "latency_ms": self.validation["latency_ms"] if self.validation else None,
+            "measured_with": self.validation["measured_with"]["summary"] if self.validation else None,
+            "notes": self.notes + (self.validation["notes"] if self.validation else []),
+            "reused": self.reused, "timings_ms": self.timings_ms,
+        }
+
+
+def choose(candidates: list[Candidate], objective: str) -> Candidate | None:
+    """The passing candidate with the best ``objective`` figure (lower is better); near-ties → smaller file."""
+    passing = [c for c in candidates if c.passed]
+    if not passing:
+        return None
+    best = min(c.figures[objective] for c in passing)
+    tied = [c for c in passing if c.figures[objective] <= best * (1 + TIE_TOLERANCE)]
+    return min(tied, key=lambda c: (c.file_bytes, c.figures[objective]))
+
+
+def closest(candidates: list[Candidate]) -> Candidate | None:
+    """Among eligible candidates within the quality gate, the one that misses the fewest budgets by least."""
+    pool = [c for c in candidates if c.eligible and c.gate_passed and c.measured]
+    return min(pool, key=Candidate.overshoot) if pool else None
+
+
+def _num(value: float | None) -> str:
+    return "not measured" if value is None else f"{value:.4g}"

@@ -1,0 +1,228 @@
+"""Search the plan's stages for the artifact that meets every budget of a device profile and the quality gate.
+
+Stages run in the plan's order; the search stops after the first stage at whose end some candidate passes,
+and picks among all passing candidates by the objective. Built artifacts and measurements are cached.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edgeopt.data import load_samples
+from edgeopt.device.budgets import check_budgets
+from edgeopt.device.host import host_info
+from edgeopt.errors import BadInputError, first_line
+from edgeopt.evaluate import Fidelity, Quality, QualityGate
+from edgeopt.optimize.cache import Cache, digest, files_digest, tool_versions
+from edgeopt.optimize.candidate import Candidate, choose, closest
+from edgeopt.optimize.plan import DEFAULT_PLAN, PlannedCandidate, load_plan
+from edgeopt.passes import get_pass
+from edgeopt.recipe import Recipe, Step
+from edgeopt.source import load_model
+from edgeopt.targets import Target, plan_emulation
+
+OBJECTIVES = ("p50_ms", "p95_ms", "p99_ms", "file_mb", "peak_rss_mb")
+
+
+@dataclass(frozen=True)
+class Measuring:
+    """How each candidate is measured on the device (or emulated here)."""
+
+    runs: int = 300
+    warmup: int = 20
+    min_seconds: float = 2.0
+
+
+@dataclass
+class OptimizeResult:
+    target: Target
+    gate: QualityGate
+    objective: str
+    measuring: Measuring
+    candidates: list[Candidate]
+    stages_run: list[str]
+    chosen: Candidate | None
+    closest: Candidate | None
+    emulation_note: str | None
+    cache_dir: Path
+    plan: Path
+    inputs: dict = field(default_factory=dict)
+
+    @property
+    def verdict(self) -> str:
+        """``found``, ``budgets`` (some candidate keeps quality, none meets every budget) or ``quality``."""
+        return "found" if self.chosen else ("budgets" if self.closest else "quality")
+
+    def describe(self) -> dict:
+        return {
+            "verdict": self.verdict,
+            "chosen": self.chosen.label if self.chosen else None,
+            "closest": self.closest.label if self.closest else None,
+            "objective": self.objective,
+            "target": self.target.describe(),
+            "gate": {"max_top1_drop": self.gate.max_drop, "min_cosine": self.gate.min_cosine},
+            "measuring": {"runs": self.measuring.runs, "warmup": self.measuring.warmup,
+                          "min_seconds": self.measuring.min_seconds, "batch": 1},
+            "emulation_note": self.emulation_note,
+            "stages_run": self.stages_run,
+            "candidates": [c.describe() for c in self.candidates],
+            "inputs": self.inputs,
+            "plan": str(self.plan),
+            "cache": str(self.cache_dir),
+            "host": host_info().describe(),
+            "versions": tool_versions(),
+        }
+
+
+def search(model: str, calibration: str, eval_data: str, target: Target, *, gate: QualityGate, cache: Cache,
+           plan: str | Path | None = None, measuring: Measuring = Measuring(), objective: str = "p50_ms",
+           input_shapes: dict | None = None, seed: int = 0,
+           progress: Callable[[Candidate, str], None] = lambda candidate, event: None) -> OptimizeResult:
+    """Run the plan's stages for ``target``; ``progress(candidate, event)`` hears what happens to each one."""
+    if objective not in OBJECTIVES:
+        raise BadInputError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    stages = load_plan(plan)
+    shapes = {**target.input_shapes, **(input_shapes or {})}
+    source = load_model(model, shapes)  # bad inputs fail here, before any work
+    load_samples(calibration, source.inputs)
+    load_samples(eval_data, source.inputs)
+    fmt = "openvino" if target.settings.runtime == "openvino" else "onnx"
+    inputs = {"model": files_digest(model), "calibration": files_digest(calibration),
+              "evaluation": files_digest(eval_data), "input_shapes": {k: list(v) for k, v in shapes.items()},
+              "seed": seed, "format": fmt, "versions": tool_versions()}
+    emulation = plan_emulation(target, host_info())
+    measure_key = digest({"settings": (emulation.settings if emulation else target.settings).describe(),
+                          "cpus": emulation.cpus if emulation else None,
+                          "max_isa": emulation.max_isa if emulation else None, "runs": measuring.runs,
+                          "warmup": measuring.warmup, "min_seconds": measuring.min_seconds,
+                          "host": host_info().cpu_model})
+    builder = _Builder(model, calibration, eval_data, target, gate, cache, measuring, shapes, seed, fmt, inputs,
+                       measure_key, progress)
+    candidates: list[Candidate] = []
+    stages_run = []
+    for stage in stages:
+        stages_run.append(stage.name)
+        for planned in stage.candidates:
+            candidate = builder.candidate(stage.name, planned)
+            candidate.skipped = _skip_reason(planned, target, source.kind, candidates)
+            candidates.append(candidate)
+            if candidate.skipped:
+                progress(candidate, "skipped")
+                continue
+            builder.build(candidate, planned.recipe)
+            if not candidate.skipped:
+                builder.measure(candidate)
+            progress(candidate, "done")
+        if any(c.passed for c in candidates):
+            break
+    result = OptimizeResult(target, gate, objective, measuring, candidates, stages_run,
+                            choose(candidates, objective), closest(candidates),
+                            emulation.note if emulation else None, cache.root, Path(plan or DEFAULT_PLAN),
+                            {"model": str(model), "calibration": str(calibration), "evaluation": str(eval_data)})
+    return result
+
+
+def _skip_reason(planned: PlannedCandidate, target: Target, source_kind: str, done: list[Candidate]) -> str | None:
+    if planned.recipe.steps and planned.precision not in target.precisions:
+        return f"{target.name} does not run {planned.precision} (it lists {', '.join(target.precisions)})"
+    for step in planned.recipe.steps:
+        try:
+            get_pass(step.name)
+        except BadInputError:
+            return f"step '{step.name}' is not available in this edgeopt"
+        if get_pass(step.name).stage == "torch" and source_kind != "torch":
+            return f"step '{step.name}' needs a PyTorch model (this one is {source_kind})"
+    if planned.if_gate_failed:
+        failed = [c.label for c in done if c.label in planned.if_gate_failed and c.gate_passed is False]
+        if not failed:
+            return f"only tried when {' or '.join(planned.if_gate_failed)} fails the quality gate"
+    return None
+
+
+@dataclass
+class _Builder:
+    model: str
+    calibration: str
+    eval_data: str
+    target: Target
+    gate: QualityGate
+    cache: Cache
+    measuring: Measuring
+    shapes: dict
+    seed: int
+    fmt: str
+    inputs: dict
+    measure_key: str
+    progress: Callable[[Candidate, str], None]
+
+    def candidate(self, stage: str, planned: PlannedCandidate) -> Candidate:
+        eligible = planned.precision in self.target.precisions
+        return Candidate(planned.label, stage, planned.precision, planned.recipe.describe(), eligible)
+
+    def build(self, candidate: Candidate, recipe: Recipe) -> None:
+        """Build (or reuse) the artifact, then apply the quality gate to its evaluation."""
+        from edgeopt.pipeline import compress
+
+        recipe = Recipe(tuple(self._with_gate(step) for step in recipe.steps))
+        candidate.recipe = recipe.describe()
+        key = digest({"inputs": self.inputs, "recipe": [[s.name, s.params] for s in recipe.steps]})
+        entry = self.cache.entry(key)
+        if self.cache.has_entry(key):
+            candidate.reused["artifact"] = True
+            self.progress(candidate, "reused artifact")
+        else:
+            self.progress(candidate, "building")
+            try:
+                compress(self.model, self.calibration, out=entry, recipe=recipe, formats=(self.fmt,),
+                         eval_data=self.eval_data, gate=self.gate, input_shapes=self.shapes, seed=self.seed)
+            except BadInputError as exc:
+                candidate.skipped = f"build failed: {first_line(exc)}"
+                return
+        report = json.loads((entry / "report.json").read_text(encoding="utf-8"))
+        artifact = report["artifacts"][0]
+        candidate.artifact = entry / artifact["path"]
+        candidate.file_bytes = artifact["bytes"]
+        candidate.notes = list(report["notes"])
+        original = _quality(report["quality"]["original"])
+        quality = _quality(report["quality"]["artifacts"][self.fmt])
+        candidate.top1, candidate.reference_top1 = quality.top1, original.top1
+        candidate.cosine = quality.fidelity.cosine if quality.fidelity else None
+        candidate.gate_passed, candidate.gate_check = self.gate.check(original, quality)
+
+    def measure(self, candidate: Candidate) -> None:
+        """Measure (or reuse the measurement of) the artifact with the device's settings; check the budgets."""
+        from edgeopt.targets import validate_on
+
+        key = candidate.artifact.parent.name
+        stored = self.cache.load_measurement(key, self.measure_key)
+        if stored is not None:
+            candidate.reused["measurement"] = True
+            self.progress(candidate, "reused measurement")
+        else:
+            self.progress(candidate, "measuring")
+            report = validate_on(self.target, candidate.artifact, runs=self.measuring.runs,
+                                 warmup=self.measuring.warmup, min_seconds=self.measuring.min_seconds,
+                                 input_shapes=self.shapes)
+            stored = {"validation": report.to_dict(), "figures": report.measured(),
+                      "timings_ms": list(report.timings_ms)}
+            self.cache.store_measurement(key, self.measure_key, stored)
+        candidate.validation, candidate.figures = stored["validation"], stored["figures"]
+        candidate.timings_ms = stored["timings_ms"]
+        candidate.checks = check_budgets(self.target.budgets, candidate.figures)
+
+    def _with_gate(self, step: Step) -> Step:
+        """Steps that take max_drop / min_cosine get the gate's values unless the plan set them."""
+        accepted = inspect.signature(get_pass(step.name).run).parameters
+        extra = {name: value for name, value in (("max_drop", self.gate.max_drop),
+                                                 ("min_cosine", self.gate.min_cosine))
+                 if name in accepted and name not in step.params}
+        return Step(step.name, {**step.params, **extra})
+
+
+def _quality(data: dict) -> Quality:
+    fidelity = data.get("fidelity")
+    return Quality(data["name"], data.get("top1"), Fidelity(**fidelity) if fidelity else None)
