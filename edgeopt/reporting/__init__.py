@@ -1,0 +1,29 @@
+"""Reports of ``edgeopt optimize``: JSON, markdown (terminal-readable) and HTML, with matplotlib figures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from edgeopt import atomic
+
+
+def write_reports(report: dict, folder: Path) -> list[Path]:
+    """Write report.json, report.md, report.html and the PNG figures into ``folder`` (each atomically)."""
+    from edgeopt.reporting import html, markdown, plots
+
+    figures = {"latency histograms": ("latency.png", plots.latency_histograms(report)),
+               "size vs latency vs accuracy": ("tradeoff.png", plots.tradeoff(report))}
+    figures = {title: (name, png) for title, (name, png) in figures.items() if png}
+    written = []
+    for name, png in figures.values():
+        with atomic.atomic_file(folder / name) as handle:
+            handle.write(png)
+        written.append(folder / name)
+    texts = {"report.json": json.dumps(report, indent=2),
+             "report.md": markdown.render(report, {title: name for title, (name, _) in figures.items()}),
+             "report.html": html.render(report, {title: png for title, (_, png) in figures.items()})}
+    for name, text in texts.items():
+        atomic.write_text(folder / name, text)
+        written.append(folder / name)
+    return written

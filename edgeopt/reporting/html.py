@@ -1,0 +1,65 @@
+"""The optimize report as one self-contained HTML page (inline CSS, PNGs embedded as base64)."""
+
+from __future__ import annotations
+
+import base64
+from html import escape
+
+from edgeopt.reporting import tables
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #1f2328; max-width: 1400px; }
+h1 { font-size: 1.6em; } h2 { font-size: 1.2em; margin-top: 1.6em; border-bottom: 1px solid #d0d7de; }
+.verdict { padding: .8em 1em; border-radius: 6px; font-weight: 600; }
+.found { background: #dafbe1; border: 1px solid #1a7f37; } .budgets, .quality { background: #ffebe9; border: 1px solid #cf222e; }
+table { border-collapse: collapse; font-size: .85em; margin: .5em 0; }
+th, td { border: 1px solid #d0d7de; padding: 4px 8px; text-align: left; vertical-align: top; }
+th { background: #f6f8fa; }
+tr.chosen td { background: #dafbe1; font-weight: 600; } tr.closest td { background: #fff8c5; }
+tr.skipped td { color: #656d76; }
+.PASS { color: #1a7f37; font-weight: 600; } .FAIL { color: #cf222e; font-weight: 600; }
+img { max-width: 100%; border: 1px solid #d0d7de; margin: .5em 0; }
+dt { font-weight: 600; } dd { margin: 0 0 .5em 1.5em; }
+"""
+
+
+def render(report: dict, images: dict[str, bytes]) -> str:
+    """``images`` maps a title to PNG bytes."""
+    title = f"edgeopt optimize — {escape(report['target']['name'])}"
+    parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{title}</title>"
+             f"<style>{_CSS}</style></head><body>", f"<h1>{title}</h1>",
+             f"<p class='verdict {report['verdict']}'>{escape(tables.verdict(report))}</p>"]
+    if report.get("chosen_files"):
+        parts.append("<p>Chosen artifact (beside this report): "
+                     + ", ".join(f"<code>{escape(f)}</code>" for f in report["chosen_files"]) + "</p>")
+    parts.append(f"<p>Stages run: {escape(' → '.join(report['stages_run']))}</p><h2>Candidates</h2>")
+    parts.append(_table(tables.CANDIDATE_HEADERS, tables.candidate_rows(report)))
+    parts.append("<p>Green row: chosen · yellow row: closest (no candidate passed). Sizes in decimal KB/MB; "
+                 "latency in ms, batch 1.</p><h2>Budgets per candidate</h2>")
+    parts.append(_table(tables.budget_headers(report), tables.budget_rows(report)))
+    parts.append("<h2>Plots</h2>")
+    for name, png in images.items():
+        data = base64.b64encode(png).decode("ascii")
+        parts.append(f"<figure><img alt='{escape(name)}' src='data:image/png;base64,{data}'>"
+                     f"<figcaption>{escape(name)}</figcaption></figure>")
+    parts.append("<h2>How it was measured</h2><dl>")
+    parts += [f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>" for k, v in tables.settings_lines(report)]
+    parts.append("</dl>")
+    notes = [(c["label"], note) for c in report["candidates"] for note in c["notes"]]
+    if notes:
+        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li><b>{escape(label)}</b>: {escape(note)}</li>"
+                                                     for label, note in notes) + "</ul>")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def _table(headers, rows: list[tables.Row]) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    body = "".join(f"<tr class='{row.status}'>" + "".join(_cell(c) for c in row.cells) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _cell(text: str) -> str:
+    verdict = text.split(":")[0].split(" ")[0]
+    css = f" class='{verdict}'" if verdict in ("PASS", "FAIL") else ""
+    return f"<td{css}>{escape(text)}</td>"

@@ -1,0 +1,102 @@
+"""The optimize report's figures (matplotlib, Agg backend, PNG bytes): latency histograms and the trade-off."""
+
+from __future__ import annotations
+
+import io
+import textwrap
+
+import numpy as np
+
+_COLOURS = {"chosen": "#1a7f37", "closest": "#bf8700", "pass": "#2da44e", "fail": "#cf222e"}
+
+
+def latency_histograms(report: dict) -> bytes | None:
+    """One histogram per measured candidate (shared log-scale x), with p50/p95/p99 and the p50 budget."""
+    measured = [c for c in report["candidates"] if c["timings_ms"]]
+    if not measured:
+        return None
+    plt = _pyplot()
+    every = np.concatenate([np.asarray(c["timings_ms"]) for c in measured])
+    low, high = max(every.min(), 1e-4), max(every.max(), every.min() * 1.01)
+    bins = np.geomspace(low * 0.95, high * 1.05, 50)
+    budget = report["target"]["budgets"].get("p50_ms")
+    fig, axes = plt.subplots(len(measured), 1, figsize=(9, 1.7 * len(measured) + 0.9), sharex=True, squeeze=False)
+    for ax, c in zip(axes[:, 0], measured):
+        status = _status(report, c)
+        ax.hist(c["timings_ms"], bins=bins, color=_COLOURS[status], alpha=0.8)
+        lat = c["latency_ms"]
+        for name, style in (("p50_ms", "-"), ("p95_ms", "--"), ("p99_ms", ":")):
+            ax.axvline(lat[name], color="black", linestyle=style, linewidth=1, label=name.replace("_ms", ""))
+        if budget and bins[0] <= budget <= bins[-1]:
+            ax.axvline(budget, color="#cf222e", linewidth=2, label="p50 budget")
+        ax.set_ylabel("runs")
+        ax.set_title(f"{c['label']} ({c['precision']}): p50 {lat['p50_ms']:.3g} ms, p99 {lat['p99_ms']:.3g} ms, "
+                     f"{lat['runs']} runs — {status.upper()}", fontsize=9, loc="left")
+        ax.legend(fontsize=7, loc="upper right")
+    axes[-1, 0].set_xscale("log")
+    axes[-1, 0].set_xlabel("latency per inference, ms (batch 1, log scale)")
+    fig.suptitle(_caption(report), fontsize=7, y=0.995)
+    return _png(fig, plt)
+
+
+def tradeoff(report: dict) -> bytes | None:
+    """p50 latency vs accuracy drop; marker area ∝ file size; colour = verdict."""
+    measured = [c for c in report["candidates"] if c["latency_ms"]]
+    if not measured:
+        return None
+    plt = _pyplot()
+    labelled = all(c["quality"]["top1_drop"] is not None for c in measured)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    biggest = max(c["file_bytes"] for c in measured)
+    for c in measured:
+        x = c["latency_ms"]["p50_ms"]
+        y = c["quality"]["top1_drop"] * 100 if labelled else 1 - c["quality"]["cosine"]
+        status = _status(report, c)
+        ax.scatter([x], [y], s=60 + 900 * c["file_bytes"] / biggest, color=_COLOURS[status], alpha=0.6,
+                   edgecolors="black")
+        ax.annotate(f"{c['label']}\n{c['file_bytes'] / 1e6:.3g} MB, {status}", (x, y), fontsize=8,
+                    xytext=(8, 8), textcoords="offset points")
+    gate = report["gate"]["max_top1_drop"] * 100 if labelled else 1 - report["gate"]["min_cosine"]
+    ax.axhline(gate, color="#cf222e", linestyle="--", linewidth=1, label="quality gate")
+    budget = report["target"]["budgets"].get("p50_ms")
+    xs = [c["latency_ms"]["p50_ms"] for c in measured]
+    if budget and min(xs) / 10 <= budget <= max(xs) * 10:
+        ax.axvline(budget, color="#cf222e", linewidth=1, label="p50 budget")
+    ax.set_xscale("log")
+    ax.set_xlabel("p50 latency, ms (batch 1, log scale)")
+    ax.set_ylabel("top-1 drop, percentage points" if labelled else "1 − cosine to the original")
+    ax.set_title("size (marker area) vs latency vs accuracy", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.margins(0.25)
+    fig.suptitle(_caption(report), fontsize=7, y=0.995)
+    return _png(fig, plt)
+
+
+def _status(report: dict, c: dict) -> str:
+    if c["label"] == report["chosen"]:
+        return "chosen"
+    if c["label"] == report["closest"]:
+        return "closest"
+    return "pass" if c["passed"] else "fail"
+
+
+def _caption(report: dict) -> str:
+    where = report["emulation_note"] or f"on the device ({report['host']['cpu_model']})"
+    return textwrap.fill(f"{report['target']['name']}: {where}", 130)
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(fig, plt) -> bytes:
+    buffer = io.BytesIO()
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.savefig(buffer, format="png", dpi=110)
+    plt.close(fig)
+    return buffer.getvalue()

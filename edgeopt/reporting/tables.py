@@ -1,0 +1,129 @@
+"""The optimize report's content as plain strings (verdict, tables, settings), shared by every renderer.
+
+Everything is read from the report's JSON form (``OptimizeResult.describe()`` plus ``chosen_files``), so the
+console, markdown and HTML always say the same thing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from edgeopt.device.budgets import BUDGET_FIELDS
+
+CANDIDATE_HEADERS = ("stage", "candidate", "precision", "recipe", "size", "p50 ms", "p95 ms", "p99 ms", "CV",
+                     "peak RSS", "top-1 drop", "quality gate", "budgets", "cache")
+
+
+@dataclass(frozen=True)
+class Row:
+    cells: tuple[str, ...]
+    status: str  # chosen | closest | pass | fail | skipped
+
+
+def verdict(report: dict) -> str:
+    target = report["target"]["name"]
+    if report["verdict"] == "found":
+        chosen = _by_label(report, report["chosen"])
+        return (f"FOUND: {chosen['label']} ({chosen['recipe']}, stage '{chosen['stage']}') meets every budget of "
+                f"{target} and the quality gate; lowest {report['objective']} among the passing candidates")
+    if report["verdict"] == "budgets":
+        closest = _by_label(report, report["closest"])
+        return (f"NO CANDIDATE MEETS EVERY BUDGET of {target}; closest: {closest['label']} ({closest['recipe']}), "
+                f"failing {failing_text(closest)}")
+    return f"NO CANDIDATE PASSES THE QUALITY GATE for {target}"
+
+
+def failing_text(candidate: dict) -> str:
+    return ", ".join(f"{c['name']} ({_num(c['measured'])} > {_num(c['budget'])}{' ' + c['unit'] if c['unit'] else ''})"
+                     for c in candidate["checks"] if not c["passed"]) or "none"
+
+
+def candidate_rows(report: dict) -> list[Row]:
+    rows = []
+    for c in report["candidates"]:
+        fig, quality = c["figures"], c["quality"]
+        if c["skipped"]:
+            cells = (c["stage"], c["label"], c["precision"], c["recipe"], *["-"] * 7, "-", f"skipped: {c['skipped']}",
+                     "-")
+            rows.append(Row(cells, "skipped"))
+            continue
+        drop = quality["top1_drop"]
+        quality_text = (f"{drop * 100:+.2f} pp" if drop is not None
+                        else f"cos {quality['cosine']:.4f}" if quality["cosine"] is not None else "-")
+        budgets = ("PASS" if c["budgets_passed"] else "FAIL: " + ", ".join(
+            ch["name"] for ch in c["checks"] if not ch["passed"])) if c["checks"] else "not measured"
+        if not c["eligible"]:
+            budgets += f" (device does not run {c['precision']})"
+        cache = "reused" if c["reused"]["artifact"] and c["reused"]["measurement"] else (
+            "built" if not c["reused"]["artifact"] else "re-measured")
+        cells = (c["stage"], c["label"], c["precision"], c["recipe"], size_text(c["file_bytes"]),
+                 _num(fig.get("p50_ms")), _num(fig.get("p95_ms")), _num(fig.get("p99_ms")), _num(fig.get("cv"), 3),
+                 f"{fig['peak_rss_mb']:.0f} MB" if fig.get("peak_rss_mb") else "-", quality_text,
+                 "PASS" if quality["gate_passed"] else "FAIL", budgets, cache)
+        status = ("chosen" if c["label"] == report["chosen"] else "closest" if c["label"] == report["closest"]
+                  else "pass" if c["passed"] else "fail")
+        rows.append(Row(cells, status))
+    return rows
+
+
+def budget_headers(report: dict) -> tuple[str, ...]:
+    budgets = report["target"]["budgets"]
+    return ("candidate", *(f"{name} ≤ {_num(value)}{' ' + BUDGET_FIELDS[name][1] if BUDGET_FIELDS[name][1] else ''}"
+                           for name, value in budgets.items()))
+
+
+def budget_rows(report: dict) -> list[Row]:
+    """PASS/FAIL with the measured figure, per measured candidate and budget."""
+    rows = []
+    for c in report["candidates"]:
+        if not c["checks"]:
+            continue
+        cells = tuple(f"{'PASS' if ch['passed'] else 'FAIL'} {_num(ch['measured'])}" for ch in c["checks"])
+        rows.append(Row((c["label"], *cells), "pass" if c["budgets_passed"] else "fail"))
+    return rows
+
+
+def settings_lines(report: dict) -> list[tuple[str, str]]:
+    """How every figure was measured, and on what."""
+    target, host, measuring = report["target"], report["host"], report["measuring"]
+    measured = next((c for c in report["candidates"] if c["measured_with"]), None)
+    runtime = target["runtime"]
+    lines = [
+        ("device profile", f"{target['name']}: {target['description']}"),
+        ("device", f"{target['device']['name']} ({target['device']['cpu']})"),
+        ("precisions the device runs", ", ".join(target["precisions"])),
+        ("runtime settings (profile)", f"{runtime['runtime']}, threads={runtime['threads']}, "
+                                       f"streams={runtime['streams']}, hint={runtime['performance_hint']}, "
+                                       f"inference precision={runtime['inference_precision']}"),
+        ("measurement", f"at least {measuring['runs']} timed runs (and {measuring['min_seconds']} s) after "
+                        f"{measuring['warmup']} warm-up, batch 1, in a separate process per candidate"),
+    ]
+    if measured:
+        lines.append(("measured with", measured["measured_with"]))
+    lines += [
+        ("where", report["emulation_note"] or f"on the device itself ({host['cpu_model']})"),
+        ("host", f"{host['cpu_model']}, {host['usable_cpus']} usable CPUs, {host['os']}, {host['machine']}, "
+                 f"flags {' '.join(host['cpu_flags']) or 'none'}"),
+        ("quality gate", f"top-1 drop ≤ {report['gate']['max_top1_drop'] * 100:.2f} pp on the evaluation set "
+                         f"(without labels: cosine to the original ≥ {report['gate']['min_cosine']})"),
+        ("objective", f"lowest {report['objective']} among passing candidates (within 3% counts as a tie; "
+                      f"ties go to the smaller file)"),
+        ("versions", ", ".join(f"{k} {v}" for k, v in report["versions"].items())),
+        ("cache", report["cache"]),
+        ("search plan", report["plan"]),
+    ]
+    return lines
+
+
+def size_text(count: int | None) -> str:
+    if count is None:
+        return "-"
+    return f"{count / 1e6:.2f} MB" if count >= 1e6 else f"{count / 1e3:.1f} KB"
+
+
+def _by_label(report: dict, label: str) -> dict:
+    return next(c for c in report["candidates"] if c["label"] == label)
+
+
+def _num(value, digits: int = 4) -> str:
+    return "-" if value is None else f"{value:.{digits}g}"
