@@ -134,8 +134,11 @@ def validate_artifact(model_path: str | Path, settings: RuntimeSettings, budgets
     request = {"model": str(path.resolve()), "settings": settings.describe(), "runs": runs, "warmup": warmup,
                "min_seconds": min_seconds, "input_shapes": {k: list(v) for k, v in (input_shapes or {}).items()},
                "cpus": list(cpus) if cpus else None}
+    load_before = _load_average()
     result = _run_probe(request, max_isa, timeout)
-    notes = list(notes) + _precision_notes(settings, result["effective_settings"])
+    host = host_info().describe()
+    load = max(load_before, _load_average())
+    notes = list(notes) + _precision_notes(settings, result["effective_settings"]) + _load_notes(load, host)
     report = ValidationReport(
         artifact=str(path), files=artifact_files(path), settings=settings,
         effective_settings=result["effective_settings"], runtime_version=result["runtime_version"],
@@ -143,7 +146,8 @@ def validate_artifact(model_path: str | Path, settings: RuntimeSettings, budgets
         latency=latency_stats(result["timings_ms"]), first_inference_ms=result["first_inference_ms"],
         load_compile_ms=result["load_compile_ms"], rss_before_load_bytes=result["rss_before_load_bytes"],
         peak_rss_bytes=result["peak_rss_bytes"], cpus=result["cpus"], kernels=result["kernels"],
-        host=host_info().describe(), emulation_note=emulation_note, notes=notes, checks=[], target=target,
+        host=host | {"load_average_1min": round(load, 2)}, emulation_note=emulation_note, notes=notes, checks=[],
+        target=target,
         budgets=budgets, timings_ms=tuple(result["timings_ms"]),
     )
     return replace(report, checks=check_budgets(budgets, report.measured()))
@@ -170,6 +174,21 @@ def _run_probe(request: dict, max_isa: str | None, timeout: float | None) -> dic
     if "error" in result:
         raise BadInputError(result["error"])
     return result
+
+
+def _load_average() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:  # not available on this platform
+        return 0.0
+
+
+def _load_notes(load: float, host: dict) -> list[str]:
+    """Say when other processes competed for the CPUs: the spread figures then include their interference."""
+    if load <= host["usable_cpus"]:
+        return []
+    return [f"the host was busy while measuring (1-min load average {load:.1f} on {host['usable_cpus']} CPUs): "
+            f"the tail and spread figures (p95, p99, CV, p99/p50) include other processes' interference"]
 
 
 def _precision_notes(settings: RuntimeSettings, effective: dict) -> list[str]:
