@@ -55,11 +55,13 @@ def _quiet_libraries() -> None:
 
 def _register() -> None:
     from edgeopt.cli import compress
+    from edgeopt.cli import optimize as optimize_cli
     from edgeopt.cli import package as package_cli
     from edgeopt.cli import targets as targets_cli
     from edgeopt.cli import validate
 
     main.add_command(compress.compress)
+    main.add_command(optimize_cli.optimize)
     main.add_command(package_cli.package)
     main.add_command(package_cli.verify)
     main.add_command(targets_cli.targets)

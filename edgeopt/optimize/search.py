@@ -98,7 +98,7 @@ def search(model: str, calibration: str, eval_data: str, target: Target, *, gate
     measure_key = digest({"settings": (emulation.settings if emulation else target.settings).describe(),
                           "cpus": emulation.cpus if emulation else None,
                           "max_isa": emulation.max_isa if emulation else None, "runs": measuring.runs,
-                          "warmup": measuring.warmup, "min_seconds": measuring.min_seconds,
+                          "warmup": measuring.warmup, "min_seconds": float(measuring.min_seconds),
                           "host": host_info().cpu_model})
     builder = _Builder(model, calibration, eval_data, target, gate, cache, measuring, shapes, seed, fmt, inputs,
                        measure_key, progress)
@@ -204,9 +204,14 @@ class _Builder:
             self.progress(candidate, "reused measurement")
         else:
             self.progress(candidate, "measuring")
-            report = validate_on(self.target, candidate.artifact, runs=self.measuring.runs,
-                                 warmup=self.measuring.warmup, min_seconds=self.measuring.min_seconds,
-                                 input_shapes=self.shapes)
+            try:
+                report = validate_on(self.target, candidate.artifact, runs=self.measuring.runs,
+                                     warmup=self.measuring.warmup, min_seconds=self.measuring.min_seconds,
+                                     input_shapes=self.shapes)
+            except (BadInputError, RuntimeError) as exc:  # the runtime cannot run this artifact here
+                reason = first_line(exc).replace(str(candidate.artifact), "the artifact")
+                candidate.skipped = f"measurement failed: {reason}"
+                return
             stored = {"validation": report.to_dict(), "figures": report.measured(),
                       "timings_ms": list(report.timings_ms)}
             self.cache.store_measurement(key, self.measure_key, stored)
