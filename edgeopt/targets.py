@@ -162,6 +162,7 @@ def plan_emulation(target: Target, host: HostInfo) -> Emulation | None:
         return None
     settings, notes = target.settings, []
     usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(host.usable_cpus))
+    usable = usable[:host.usable_cpus]
     wanted = settings.threads or target.device.cores
     cpus = tuple(usable[:min(target.device.cores, len(usable))])
     threads = min(wanted, len(cpus))
