@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -117,12 +118,17 @@ def runtime_venv(runtime: str) -> Path:
     pins = [f"numpy=={version('numpy')}", f"{runtime}=={version(runtime)}"]
     tag = "-".join(p.replace("==", "") for p in pins)
     venv = ROOT / ".cache" / f"device-venv-py{sys.version_info.major}{sys.version_info.minor}-{tag}"
-    if not (venv / ".complete").exists():
-        shutil.rmtree(venv, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-        subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                        *pins], check=True, timeout=600, capture_output=True)
-        (venv / ".complete").write_text("\n".join(pins) + "\n")
+    venv.parent.mkdir(exist_ok=True)
+    with open(venv.parent / f"{venv.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one test session builds it, others wait and reuse it
+        if not (venv / ".complete").exists():
+            shutil.rmtree(venv, ignore_errors=True)
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+            pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
+                                  "--disable-pip-version-check", *pins], capture_output=True, text=True, timeout=600)
+            if pip.returncode != 0:
+                pytest.fail(f"pip install {' '.join(pins)} failed: {pip.stderr.strip()[-500:]}")
+            (venv / ".complete").write_text("\n".join(pins) + "\n")
     return venv
 
 
