@@ -102,7 +102,8 @@ def check_member_name(name: str, source: str) -> None:
 
 def open_bundle(path: str | Path, extract_to: str | Path | None = None) -> Bundle:
     """Check ``path`` completely (gzip integrity, entry types and names, manifest schema, sizes and sha256 of
-    every file); with ``extract_to`` (an empty or missing folder), also write the files there."""
+    every file); with ``extract_to`` (an empty or missing folder), also write the files there (on failure it
+    may hold some of them: extract into a temporary folder)."""
     path = Path(path)
     if not path.is_file():
         raise BadInputError(f"{path}: no such bundle")
@@ -113,7 +114,11 @@ def open_bundle(path: str | Path, extract_to: str | Path | None = None) -> Bundl
             raise BadInputError(f"{root}: extraction folder is not empty")
     outer = hashlib.sha256()
     try:
-        with open(path, "rb") as raw, gzip.GzipFile(fileobj=_Hashing(raw, outer), mode="rb") as gz:
+        raw = open(path, "rb")
+    except OSError as exc:
+        raise BadInputError(f"{path}: cannot read ({first_line(exc)})") from exc
+    try:
+        with raw, gzip.GzipFile(fileobj=_Hashing(raw, outer), mode="rb") as gz:
             manifest = _read_members(path, gz, root)
             while gz.read(_CHUNK):  # read to the gzip trailer: checks its CRC and length
                 pass
@@ -172,20 +177,40 @@ def _first_member(path: Path, tar: tarfile.TarFile, member: tarfile.TarInfo) -> 
 
 
 def _copy(source, target: Path | None) -> str:
+    """sha256 of ``source``'s content, written to ``target`` as it is read (when given)."""
     digest = hashlib.sha256()
-    sink = None
-    if target is not None:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        sink = open(target, "xb")  # exclusive: never follows or overwrites anything already there
+    sink = _Sink(target) if target is not None else None
     try:
         for chunk in iter(lambda: source.read(_CHUNK), b""):
             digest.update(chunk)
-            if sink:
+            if sink is not None:
                 sink.write(chunk)
     finally:
-        if sink:
+        if sink is not None:
             sink.close()
     return digest.hexdigest()
+
+
+class _Sink:
+    """An extracted file: created exclusively (never follows or overwrites anything); write errors (a full
+    disk, say) are reported as such, not as a corrupt bundle."""
+
+    def __init__(self, target: Path):
+        self._target = target
+        self._do(lambda: target.parent.mkdir(parents=True, exist_ok=True))
+        self._handle = self._do(lambda: open(target, "xb"))
+
+    def write(self, chunk: bytes) -> None:
+        self._do(lambda: self._handle.write(chunk))
+
+    def close(self) -> None:
+        self._do(self._handle.close)
+
+    def _do(self, action):
+        try:
+            return action()
+        except OSError as exc:
+            raise BadInputError(f"{self._target}: cannot extract ({first_line(exc)})") from exc
 
 
 def _check(value, schema, source: str, key: str = "") -> None:
