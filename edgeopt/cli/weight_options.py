@@ -1,0 +1,70 @@
+"""``compress`` options for weight-only compression (``--weights MODE`` and its knobs) → a ``weights`` step."""
+
+from __future__ import annotations
+
+import click
+
+from edgeopt.errors import BadInputError
+from edgeopt.passes.weights import BACKUP, MODES, SENSITIVITY
+
+_OPTIONS = [
+    click.option("--weights", "weights_mode", type=click.Choice(["auto", *MODES]), default=None,
+                 help="Weight-only compression (nncf.compress_weights); auto: INT4 for transformers on memory-tight "
+                      "--target profiles, INT8 otherwise."),
+    click.option("--group-size", type=int, default=None, help="With --weights int4_*: input channels per scale "
+                 "(default 128; -1 per channel)."),
+    click.option("--ratio", type=float, default=None, help="With --weights int4_*: share of weights in INT4, the "
+                 "rest in the backup precision (default 1.0)."),
+    click.option("--sensitivity", type=click.Choice(SENSITIVITY), default=None,
+                 help="With --ratio < 1: how layers are ranked for INT4 (activation metrics use --calib)."),
+    click.option("--backup", type=click.Choice(BACKUP), default=None,
+                 help="With --weights int4_*: precision of the layers kept out of INT4 (default int8_asym)."),
+    click.option("--all-layers", is_flag=True, default=None, help="With --weights int4_*: INT4 for the embedding "
+                 "and last layer too (default: they stay in the backup precision)."),
+    click.option("--awq", is_flag=True, default=None, help="With --weights int4_*: AWQ (data-aware, uses --calib)."),
+    click.option("--scale-estimation", is_flag=True, default=None,
+                 help="With --weights int4_*: scale estimation (data-aware, uses --calib)."),
+    click.option("--gptq", is_flag=True, default=None, help="With --weights int4_*: GPTQ (data-aware, uses --calib)."),
+]
+# CLI option -> ``weights`` step parameter
+_PARAMS = {"group_size": "group_size", "ratio": "ratio", "sensitivity": "sensitivity_metric",
+           "backup": "backup_mode", "all_layers": "all_layers", "awq": "awq", "scale_estimation": "scale_estimation",
+           "gptq": "gptq"}
+
+
+def weight_options(command):
+    """Decorator: add the weight-compression options to a click command."""
+    for option in reversed(_OPTIONS):
+        command = option(command)
+    return command
+
+
+def weights_step(args: dict, target: str | None):
+    """The ``weights`` recipe step the options ask for, or ``None`` without ``--weights``."""
+    from edgeopt.recipe import Step
+
+    given = {param: args[option] for option, param in _PARAMS.items() if args.get(option) is not None}
+    mode = args.get("weights_mode")
+    if mode is None:
+        if given:
+            flags = ", ".join("--" + option.replace("_", "-") for option in _PARAMS if args.get(option) is not None)
+            raise BadInputError(f"{flags}: need --weights MODE")
+        return None
+    params = {"mode": mode, **given}
+    if mode == "auto" and target:
+        params["target"] = target
+    return Step("weights", params)
+
+
+def recipe_with_weights(recipe: str | None, precision: str | None, step, parse):
+    """``recipe``'s PyTorch steps followed by the ``weights`` step."""
+    from edgeopt.passes import check_step, get_pass
+    from edgeopt.recipe import Recipe
+
+    if precision is not None:
+        raise BadInputError("give either --precision or --weights, not both")
+    check_step(step, source="--weights")
+    parsed = parse(recipe) if recipe else Recipe(())
+    if any(get_pass(s.name).stage == "graph" for s in parsed.steps):
+        raise BadInputError("give either --weights or a recipe with a precision step, not both")
+    return Recipe(parsed.steps + (step,))

@@ -1,0 +1,207 @@
+"""Graph pass ``weights``: weight-only compression (INT8, INT4, mixed INT4/INT8) with ``nncf.compress_weights``.
+
+Activations stay in floating point; MatMul/Gather weights become INT8 (per channel) or INT4 (per group of
+``group_size`` input channels) with FP16 scales. ``mode="auto"`` picks per model and device profile
+(``default_weight_compression``). Runs on the OpenVINO model and, when ONNX output is wanted, on the ONNX model
+(NNCF's ONNX backend writes INT8 as DequantizeLinear and INT4 as ONNX Runtime's MatMulNBits; INT4 asym is
+refused for ONNX because ONNX Runtime rejects the zero points NNCF writes for it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from edgeopt.errors import BadInputError, first_line
+from edgeopt.passes import PassContext, WorkingModel, register
+from edgeopt.passes.quantize import is_transformer
+
+MODES = ("int8_sym", "int8_asym", "int4_sym", "int4_asym")
+SENSITIVITY = ("weight_quantization_error", "hessian_input_activation", "mean_activation_variance",
+               "max_activation_variance", "mean_activation_magnitude")
+DATA_SENSITIVITY = SENSITIVITY[1:]  # these need calibration data
+BACKUP = ("none", "int8_sym", "int8_asym")
+GROUP_FALLBACK = ("error", "ignore", "adjust")
+
+# A device is memory-tight when it has at most this much RAM, or when INT8 weights would take more than this
+# share of its smallest memory budget (file size or peak RSS).
+TIGHT_DEVICE_MB = 4096
+TIGHT_BUDGET_SHARE = 0.25
+TIGHT_DEFAULTS = {"mode": "int4_sym", "group_size": 128, "ratio": 0.8}  # sym: ONNX Runtime loads it too
+ROOMY_DEFAULTS = {"mode": "int8_asym"}
+
+
+@dataclass(frozen=True)
+class WeightChoice:
+    """Parameters ``mode="auto"`` resolved to, and why (recorded in the report)."""
+
+    params: dict
+    reason: str
+
+
+def default_weight_compression(target, ov_model) -> WeightChoice:
+    """INT4 (group 128, ratio 0.8) for transformers on memory-tight targets, INT8 weights otherwise."""
+    from edgeopt.weight_bytes import openvino_weight_bytes
+
+    if not is_transformer(ov_model):
+        return WeightChoice(dict(ROOMY_DEFAULTS), "not a transformer (no MatMul→Softmax attention): INT8 weights")
+    if target is None:
+        return WeightChoice(dict(ROOMY_DEFAULTS), "transformer, no target profile: INT8 weights")
+    int8_mb = openvino_weight_bytes(ov_model).total / 4 / 1e6
+    budgets = [b for b in (target.budgets.max_file_mb, target.budgets.max_peak_rss_mb) if b]
+    tight = []
+    if target.device.memory_mb <= TIGHT_DEVICE_MB:
+        tight.append(f"{target.device.memory_mb} MB RAM ≤ {TIGHT_DEVICE_MB} MB")
+    if budgets and int8_mb > TIGHT_BUDGET_SHARE * min(budgets):
+        tight.append(f"INT8 weights {int8_mb:.1f} MB > {TIGHT_BUDGET_SHARE:.0%} of the {min(budgets):g} MB budget")
+    if tight:
+        return WeightChoice(dict(TIGHT_DEFAULTS), f"transformer on memory-tight target {target.name} "
+                            f"({'; '.join(tight)}): INT4 group 128, ratio 0.8 (rest INT8)")
+    return WeightChoice(dict(ROOMY_DEFAULTS), f"transformer on target {target.name} with room "
+                        f"({target.device.memory_mb} MB RAM): INT8 weights")
+
+
+@register("weights", stage="graph",
+          summary="weight-only INT8/INT4/mixed compression (nncf.compress_weights); mode=auto picks per target")
+def weights(model: WorkingModel, ctx: PassContext, *, mode: str = "auto", group_size: int | None = None,
+            ratio: float | None = None, sensitivity_metric: str | None = None, awq: bool = False,
+            scale_estimation: bool = False, gptq: bool = False, all_layers: bool = False,
+            backup_mode: str | None = None, subset_size: int = 128, group_fallback: str = "error",
+            target: str | None = None) -> None:
+    reason = None
+    if mode == "auto":
+        from edgeopt.targets import load_target
+
+        choice = default_weight_compression(load_target(target) if target else None, model.ov_model)
+        reason = choice.reason
+        mode = choice.params["mode"]
+        group_size = choice.params.get("group_size") if group_size is None else group_size
+        ratio = choice.params.get("ratio") if ratio is None else ratio
+    elif target is not None:
+        raise BadInputError("weights: 'target' only applies to mode=auto")
+    data_aware = [name for name, on in (("awq", awq), ("scale_estimation", scale_estimation), ("gptq", gptq)) if on]
+    _check(mode, group_size, ratio, sensitivity_metric, data_aware, backup_mode, subset_size, group_fallback)
+    if mode == "int4_asym" and model.onnx_model is not None:
+        raise BadInputError("weights: int4_asym cannot be saved as ONNX (NNCF's ONNX backend writes MatMulNBits "
+                            "zero points that ONNX Runtime rejects); use int4_sym, or --format openvino")
+    uses_data = bool(data_aware) or sensitivity_metric in DATA_SENSITIVITY
+    if sensitivity_metric is None and mode.startswith("int4"):  # NNCF's own default, made explicit for the report
+        sensitivity_metric = "max_activation_variance" if uses_data else "weight_quantization_error"
+    kwargs = _nncf_kwargs(mode, group_size, ratio, sensitivity_metric, awq, scale_estimation, gptq, all_layers,
+                          backup_mode, group_fallback)
+    if uses_data:
+        kwargs |= {"dataset": ctx.calibration.to_nncf(), "subset_size": min(subset_size, len(ctx.calibration))}
+    skipped: list[str] = []
+    model.ov_model = _compress(model.ov_model, kwargs, "OpenVINO", skipped)
+    if model.onnx_model is not None:
+        model.onnx_model = _compress(model.onnx_model, kwargs, "ONNX", skipped)
+    int4 = mode.startswith("int4")
+    mixed = int4 and ((ratio is not None and ratio < 1) or not all_layers)
+    model.precision = ("int4/int8" if mixed else "int4" if int4 else "int8") + " weights"
+    model.notes.append(_describe(mode, group_size, ratio, sensitivity_metric, data_aware, all_layers, backup_mode,
+                                 kwargs.get("subset_size") if uses_data else None, reason))
+    model.notes.extend(skipped)
+
+
+def _check(mode, group_size, ratio, sensitivity, data_aware, backup, subset_size, group_fallback) -> None:
+    def bad(message: str) -> BadInputError:
+        return BadInputError(f"weights: {message}")
+
+    if mode not in MODES:
+        raise bad(f"mode must be auto or one of {', '.join(MODES)}, got {mode!r}")
+    int4 = mode.startswith("int4")
+    if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int)
+                                   or (group_size < 1 and group_size != -1)):
+        raise bad(f"group_size must be a positive integer or -1 (per channel), got {group_size!r}")
+    if group_size not in (None, -1) and not int4:
+        raise bad(f"group_size applies to INT4 modes only ({mode} is per channel)")
+    if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1):
+        raise bad(f"ratio must be in (0, 1], got {ratio!r}")
+    if ratio is not None and ratio < 1 and not int4:
+        raise bad(f"ratio < 1 mixes INT4 with a backup precision; {mode} has no INT4 part")
+    if sensitivity is not None and sensitivity not in SENSITIVITY:
+        raise bad(f"sensitivity_metric must be one of {', '.join(SENSITIVITY)}, got {sensitivity!r}")
+    options = [*data_aware, *(["sensitivity_metric"] if sensitivity else []), *(["backup_mode"] if backup else [])]
+    if options and not int4:
+        raise bad(f"{', '.join(options)} apply to INT4 modes only ({mode} compresses every weight to INT8)")
+    if backup is not None and backup not in BACKUP:
+        raise bad(f"backup_mode must be one of {', '.join(BACKUP)}, got {backup!r}")
+    if isinstance(subset_size, bool) or not isinstance(subset_size, int) or subset_size < 1:
+        raise bad(f"subset_size must be a positive integer, got {subset_size!r}")
+    if group_fallback not in GROUP_FALLBACK:
+        raise bad(f"group_fallback must be one of {', '.join(GROUP_FALLBACK)}, got {group_fallback!r}")
+
+
+def _nncf_kwargs(mode, group_size, ratio, sensitivity, awq, scale_estimation, gptq, all_layers, backup,
+                 group_fallback) -> dict:
+    import nncf
+    from nncf.quantization.advanced_parameters import AdvancedCompressionParameters, GroupSizeFallbackMode
+
+    kwargs = {"mode": nncf.CompressWeightsMode(mode)}
+    if mode.startswith("int4"):  # INT8 modes take none of these: every MatMul/Gather weight becomes INT8
+        kwargs |= {"group_size": group_size, "ratio": ratio, "all_layers": all_layers,
+                   "sensitivity_metric": nncf.SensitivityMetric(sensitivity),
+                   "backup_mode": nncf.BackupMode(backup) if backup else None,
+                   "advanced_parameters": AdvancedCompressionParameters(
+                       group_size_fallback_mode=GroupSizeFallbackMode(group_fallback))}
+        # only switched-on options: NNCF's ONNX backend rejects gptq=False as "not supported"
+        kwargs |= {name: True for name, on in (("awq", awq), ("scale_estimation", scale_estimation), ("gptq", gptq))
+                   if on}
+    return {k: v for k, v in kwargs.items() if v is not None}
+
+
+def _compress(graph, kwargs: dict, backend: str, notes: list[str]):
+    """``nncf.compress_weights``; NNCF's messages that an algorithm was skipped go into ``notes``."""
+    import nncf
+
+    try:
+        with _nncf_skips() as skipped:
+            compressed = nncf.compress_weights(graph, **kwargs)
+        notes.extend(f"weights ({backend}): NNCF: {message}" for message in dict.fromkeys(skipped))
+        return compressed
+    except (nncf.ValidationError, nncf.ParameterNotSupportedError, nncf.UnsupportedModelError,
+            nncf.InvalidGroupSizeError, nncf.UnsupportedBackendError) as exc:
+        hint = " (use --format openvino to skip the ONNX output)" if backend == "ONNX" else ""
+        raise BadInputError(f"weights ({backend}): {first_line(exc)}{hint}") from exc
+
+
+@contextlib.contextmanager
+def _nncf_skips() -> Iterator[list[str]]:
+    """Collect NNCF's log messages that say an algorithm was skipped, without printing them."""
+    logger = logging.getLogger("nncf")
+    found: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "skipped" in record.getMessage():
+                found.append(record.getMessage().strip())
+
+    saved = logger.level, logger.handlers[:], logger.propagate
+    logger.setLevel(logging.INFO)
+    logger.handlers[:] = [Collect()]
+    logger.propagate = False
+    try:
+        yield found
+    finally:
+        logger.setLevel(saved[0])
+        logger.handlers[:] = saved[1]
+        logger.propagate = saved[2]
+
+
+def _describe(mode, group_size, ratio, sensitivity, data_aware, all_layers, backup, subset, reason) -> str:
+    parts = [mode]
+    if mode.startswith("int4"):
+        parts.append(f"group {group_size or 128}" if group_size != -1 else "per channel")
+        parts.append(f"ratio {ratio if ratio is not None else 1.0}")
+        parts.append(f"sensitivity {sensitivity}")
+        parts.append(f"backup {backup or 'int8_asym'}")
+    parts.append("all layers" if all_layers else "first embedding and last layer in backup precision"
+                 if mode.startswith("int4") else "all MatMul/Gather weights")
+    if data_aware:
+        parts.append(f"data-aware {'+'.join(data_aware)} on {subset} calibration samples")
+    elif subset:
+        parts.append(f"sensitivity on {subset} calibration samples")
+    note = "weights: " + ", ".join(parts)
+    return note + (f" — auto: {reason}" if reason else "")
