@@ -61,6 +61,8 @@ class Candidate:
         return len(self.failing), excess
 
     def failing_text(self) -> str:
+        if not self.measured:
+            return self.skipped or "not measured"
         return ", ".join(f"{c.name} ({_num(c.measured)} > {_num(c.budget)}{' ' + c.unit if c.unit else ''})"
                          for c in self.failing) or "none"
 
@@ -91,9 +93,10 @@ def choose(candidates: list[Candidate], objective: str) -> Candidate | None:
 
 
 def closest(candidates: list[Candidate]) -> Candidate | None:
-    """Among eligible candidates within the quality gate, the one that misses the fewest budgets by least."""
-    pool = [c for c in candidates if c.eligible and c.gate_passed and c.measured]
-    return min(pool, key=Candidate.overshoot) if pool else None
+    """Among eligible candidates within the quality gate, the one that misses the fewest budgets by least
+    (measured ones first)."""
+    pool = [c for c in candidates if c.eligible and c.gate_passed]
+    return min(pool, key=lambda c: (not c.measured, c.overshoot())) if pool else None
 
 
 def _num(value: float | None) -> str:

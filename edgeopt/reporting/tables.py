@@ -34,6 +34,8 @@ def verdict(report: dict) -> str:
 
 
 def failing_text(candidate: dict) -> str:
+    if not candidate["checks"]:
+        return candidate["skipped"] or "not measured"
     return ", ".join(f"{c['name']} ({_num(c['measured'])} > {_num(c['budget'])}{' ' + c['unit'] if c['unit'] else ''})"
                      for c in candidate["checks"] if not c["passed"]) or "none"
 

@@ -1,0 +1,211 @@
+"""`edgeopt optimize` end to end: real NNCF, OpenVINO and measurements, few timed runs, a per-test cache."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+from html.parser import HTMLParser
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from conftest import DIGITS_CALIB, DIGITS_EVAL, DIGITS_MODEL
+from edgeopt.device.runtime import open_session, random_feeds
+from edgeopt.errors import BadInputError
+from edgeopt.optimize.plan import load_plan
+
+FEW_RUNS = ("--runs", "30", "--warmup", "5", "--min-seconds", "0")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def optimize(*args):
+    from edgeopt.cli import main
+
+    return CliRunner().invoke(main, ["optimize", *map(str, args), *FEW_RUNS], catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    """The digits sample optimized for digits-tight (its 350 KB file budget rules out FP32 and FP16)."""
+    root = tmp_path_factory.mktemp("optimize-digits")
+    out, cache = root / "out", root / "cache"
+    result = optimize(DIGITS_MODEL, "--target", "digits-tight", "--calib", DIGITS_CALIB, "--eval", DIGITS_EVAL,
+                      "--out", out, "--cache", cache)
+    return result, out, cache, json.loads((out / "report.json").read_text())
+
+
+def test_digits_tight_finds_a_passing_artifact_that_loads(digits):
+    result, out, _, report = digits
+    assert result.exit_code == 0, result.output
+    assert report["verdict"] == "found"
+    by_label = {c["label"]: c for c in report["candidates"]}
+    chosen = by_label[report["chosen"]]
+    assert chosen["passed"] and all(check["passed"] for check in chosen["checks"])
+    assert chosen["precision"] in report["target"]["precisions"]
+    # the baseline was measured first and missed the file budget; the search stopped once something passed
+    assert report["candidates"][0]["label"] == "fp32"
+    assert [c["name"] for c in by_label["fp32"]["checks"] if not c["passed"]] == ["max_file_mb"]
+    assert report["stages_run"] == ["baseline", "cheap wins"]
+    # every candidate that passed is at least as slow as the chosen one (modulo the documented 3% tie band)
+    passing = [c for c in report["candidates"] if c["passed"]]
+    assert all(chosen["figures"]["p50_ms"] <= c["figures"]["p50_ms"] * 1.03 for c in passing)
+    session = open_session(out / "model.xml")
+    logits = session.infer(random_feeds(session.inputs))[0]
+    assert logits.shape == (1, 10) and np.isfinite(logits).all()
+    assert re.search(r"★ " + re.escape(report["chosen"]), result.output)
+    assert "FOUND" in result.output and "emulated on" in result.output
+
+
+def test_rerun_reuses_cached_artifacts_and_measurements(digits, tmp_path):
+    _, _, cache, first = digits
+    out = tmp_path / "again"
+    result = optimize(DIGITS_MODEL, "--target", "digits-tight", "--calib", DIGITS_CALIB, "--eval", DIGITS_EVAL,
+                      "--out", out, "--cache", cache, "--json", tmp_path / "report.json")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "report.json").read_text())
+    built = [c for c in report["candidates"] if not c["skipped"]]
+    assert built and all(c["reused"] == {"artifact": True, "measurement": True} for c in built)
+    assert "reused" in result.output
+    assert report["chosen"] == first["chosen"]
+    assert [c["figures"] for c in built] == [c["figures"] for c in first["candidates"] if not c["skipped"]]
+
+
+def test_reports_are_written_and_well_formed(digits):
+    _, out, _, report = digits
+    for name in ("latency.png", "tradeoff.png"):
+        assert (out / name).read_bytes().startswith(PNG_MAGIC)
+    markdown = (out / "report.md").read_text()
+    assert markdown.startswith("# edgeopt optimize — digits-tight")
+    assert "![latency histograms](latency.png)" in markdown
+    table = [line for line in markdown.splitlines() if line.startswith("| ")]
+    widths = {len(line) for line in table[:len(report["candidates"]) + 2]}
+    assert len(widths) == 1  # the candidates table lines up in a terminal
+    for candidate in report["candidates"]:
+        assert f" {candidate['label']} " in markdown or f"★ {candidate['label']} " in markdown
+    assert "FAIL 0.9" in markdown and "PASS" in markdown  # the FP32 IR's size, per budget
+    assert "emulated on" in markdown and report["host"]["cpu_model"] in markdown
+
+    parser = _Html()
+    parser.feed((out / "report.html").read_text())
+    assert parser.stack == []  # every element closed
+    assert len(parser.images) == 2
+    for src in parser.images:
+        assert base64.b64decode(src.removeprefix("data:image/png;base64,")).startswith(PNG_MAGIC)
+    assert {"chosen", "fail"} <= parser.row_classes
+
+
+def test_report_renders_in_headless_chromium(digits, tmp_path):
+    _, out, _, _ = digits
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("chromium is not installed (./dev setup installs Debian's package when run as root)")
+    shot = tmp_path / "report.png"
+    with tempfile.TemporaryDirectory() as profile:
+        subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                        f"--user-data-dir={profile}", f"--screenshot={shot}", "--window-size=1280,2000",
+                        (out / "report.html").as_uri()], capture_output=True, timeout=120, check=False)
+    assert shot.is_file(), "chromium wrote no screenshot"
+    from PIL import Image
+
+    with Image.open(shot) as image:
+        assert image.size == (1280, 2000)
+        colours = image.convert("RGB").getcolors(maxcolors=1_000_000)
+    assert colours is None or len(colours) > 50  # text, tables and plots, not a blank page
+
+
+def test_impossible_profile_exits_4_naming_the_closest_candidate(tiny_factory, tiny_calib, tmp_path, monkeypatch):
+    (tmp_path / "digits-impossible.toml").write_text(
+        'extends = "digits-tight"\ndescription = "a 0.1 µs median: nothing can meet it"\n'
+        "[budgets]\np50_ms = 0.0001\n")
+    monkeypatch.setenv("EDGEOPT_TARGETS", str(tmp_path))
+    out = tmp_path / "out"
+    result = optimize(tiny_factory, "--target", "digits-impossible", "--calib", tiny_calib, "--eval", tiny_calib,
+                      "--out", out, "--cache", tmp_path / "cache")
+    assert result.exit_code == 4, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["verdict"] == "budgets" and report["chosen"] is None
+    closest = report["closest"]
+    assert re.search(rf"closest: {re.escape(closest)} .*fails .*p50_ms", result.stderr)
+    measured = [c for c in report["candidates"] if c["checks"]]
+    assert len(measured) >= 3  # baseline and the cheap wins, at least
+    assert all("p50_ms" in [ch["name"] for ch in c["checks"] if not ch["passed"]] for c in measured)
+    assert report["stages_run"][-1] == load_plan()[-1].name  # it tried every stage before giving up
+    assert "NO CANDIDATE MEETS EVERY BUDGET" in (out / "report.md").read_text()
+    assert f"◆ {closest}" in (out / "report.md").read_text()
+    assert not list(out.glob("*.xml"))
+
+
+def test_nothing_within_the_gate_exits_3(tiny_factory, tmp_path, monkeypatch):
+    """Without labels the gate compares outputs; a cosine of 1.0 cannot be met by any INT8 model."""
+    rng = np.random.default_rng(1)
+    data = tmp_path / "unlabelled.npz"
+    np.savez(data, input=rng.random((32, 1, 8, 8), dtype=np.float32))
+    (tmp_path / "int8-only.toml").write_text('extends = "digits-tight"\ndescription = "INT8 only"\n'
+                                             '[model]\nprecisions = ["int8"]\n')
+    monkeypatch.setenv("EDGEOPT_TARGETS", str(tmp_path))
+    plan = tmp_path / "plan.toml"
+    plan.write_text('[[stage]]\nname = "baseline"\n[[stage.candidate]]\nlabel = "fp32"\nprecision = "fp32"\n'
+                    'steps = []\n[[stage]]\nname = "cheap"\n[[stage.candidate]]\nlabel = "int8"\n'
+                    'precision = "int8"\nsteps = [{ name = "int8" }]\n')
+    result = optimize(tiny_factory, "--target", "int8-only", "--calib", data, "--eval", data, "--out",
+                      tmp_path / "out", "--cache", tmp_path / "cache", "--plan", plan, "--min-cosine", "1.0")
+    assert result.exit_code == 3, result.output
+    assert "quality gate" in result.stderr and "int8: cosine" in result.stderr
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["verdict"] == "quality"
+    assert not report["candidates"][0]["eligible"]  # the baseline is measured, but the device has no fp32
+
+
+def test_bad_input_exits_2(cli, tiny_factory, tiny_calib, tmp_path):
+    result = cli("optimize", tiny_factory, "--target", "no-such-device", "--calib", tiny_calib, "--eval", tiny_calib,
+                 "--out", tmp_path / "out")
+    assert result.exit_code == 2 and "unknown target" in result.stderr
+    plan = tmp_path / "plan.toml"
+    plan.write_text('[[stage]]\nname = "x"\nbogus = 1\n[[stage.candidate]]\nlabel = "a"\nprecision = "fp32"\n'
+                    "steps = []\n")
+    result = cli("optimize", tiny_factory, "--target", "digits-tight", "--calib", tiny_calib, "--eval", tiny_calib,
+                 "--out", tmp_path / "out", "--plan", plan)
+    assert result.exit_code == 2 and "unknown key(s) bogus" in result.stderr
+    assert "Traceback" not in result.output and not (tmp_path / "out").exists()
+
+
+def test_default_plan_follows_the_careful_order(tmp_path):
+    stages = load_plan()
+    assert [s.name for s in stages][:3] == ["baseline", "cheap wins", "accuracy-controlled INT8"]
+    labels = [c.label for s in stages for c in s.candidates]
+    assert labels.index("fp16") < labels.index("int8") < labels.index("int8-ac") < labels.index("weights-int8")
+    assert stages[-1].candidates[-1].recipe.names[:2] == ["prune", "distill"]
+    bad = tmp_path / "plan.toml"
+    bad.write_text('[[stage]]\nname = "a"\n[[stage.candidate]]\nlabel = "x"\nprecision = "fp32"\nsteps = []\n'
+                   '[[stage.candidate]]\nlabel = "x"\nprecision = "int8"\nsteps = []\n')
+    with pytest.raises(BadInputError, match="used twice"):
+        load_plan(bad)
+
+
+class _Html(HTMLParser):
+    """Checks nesting of non-void elements; collects image sources and table row classes."""
+
+    VOID = {"meta", "img", "br", "hr", "link", "input"}
+
+    def __init__(self):
+        super().__init__()
+        self.stack, self.images, self.row_classes = [], [], set()
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "img":
+            self.images.append(attrs["src"])
+        if tag == "tr" and attrs.get("class"):
+            self.row_classes.add(attrs["class"])
+        if tag not in self.VOID:
+            self.stack.append(tag)
+
+    def handle_endtag(self, tag):
+        assert self.stack and self.stack[-1] == tag, f"</{tag}> closes <{self.stack[-1] if self.stack else None}>"
+        self.stack.pop()
