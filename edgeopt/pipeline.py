@@ -21,6 +21,7 @@ from edgeopt.export import Artifact, save_artifacts
 from edgeopt.passes import PassContext, WorkingModel, get_pass, run_step
 from edgeopt.recipe import Recipe, parse_recipe
 from edgeopt.source import SourceModel, load_model, to_onnx, to_openvino
+from edgeopt.weight_bytes import WeightBytes, artifact_weight_bytes, openvino_weight_bytes
 
 EVAL_SETTINGS = RuntimeSettings(inference_precision="f32", threads=None)
 
@@ -38,6 +39,8 @@ class CompressResult:
     seconds: dict[str, float] = field(default_factory=dict)
     eval_settings: RuntimeSettings = EVAL_SETTINGS
     fp32_ir_bytes: int | None = None  # size of the uncompressed FP32 OpenVINO IR, for size ratios
+    fp32_weight_bytes: WeightBytes | None = None  # weight constants of the FP32 OpenVINO model
+    weight_bytes: dict[str, WeightBytes] = field(default_factory=dict)  # per artifact format, as saved
 
     @property
     def quality_passed(self) -> bool:
@@ -50,6 +53,8 @@ class CompressResult:
             "notes": self.notes,
             "artifacts": [a.describe(relative_to=self.out) for a in self.artifacts],
             "fp32_ir_bytes": self.fp32_ir_bytes,
+            "weight_bytes": {"fp32_openvino": self.fp32_weight_bytes.describe() if self.fp32_weight_bytes else None,
+                             **{k: v.describe() for k, v in self.weight_bytes.items()}},
             "quality": {
                 "evaluated_with": self.eval_settings.describe(),
                 "gate": {"max_top1_drop": self.gate.max_drop, "min_cosine": self.gate.min_cosine},
@@ -78,13 +83,15 @@ def compress(model: str | Path, calibration: str | Path, *, out: str | Path, rec
         source = load_model(model, input_shapes)
         calib = load_samples(calibration, source.inputs)
         evaluation = load_samples(eval_data, source.inputs) if eval_data else None
-    working, fp32_ir_bytes = _run_recipe(source, recipe, calib, formats, seed, timer, evaluation)
+    working, fp32_ir_bytes, fp32_weights = _run_recipe(source, recipe, calib, formats, seed, timer, evaluation)
     out = Path(out)
     with atomic.atomic_dir(out) as tmp:
         with timer("save"):
             artifacts = save_artifacts(working, tmp, formats)
         result = CompressResult(tmp, recipe, artifacts, gate=gate, notes=working.notes, seconds=timer.seconds,
-                                eval_settings=eval_settings, fp32_ir_bytes=fp32_ir_bytes)
+                                eval_settings=eval_settings, fp32_ir_bytes=fp32_ir_bytes,
+                                fp32_weight_bytes=fp32_weights,
+                                weight_bytes={a.format: artifact_weight_bytes(a.path) for a in artifacts})
         if evaluation is not None:
             with timer("evaluate"):
                 _evaluate(result, source, evaluation)
@@ -94,8 +101,9 @@ def compress(model: str | Path, calibration: str | Path, *, out: str | Path, rec
 
 
 def _run_recipe(source: SourceModel, recipe: Recipe, calib: SampleSet, formats: tuple[str, ...], seed: int,
-                timer: "_Timer", evaluation: SampleSet | None = None) -> tuple[WorkingModel, int]:
-    """Run torch steps, convert, run graph steps; also return the FP32 IR size before graph steps."""
+                timer: "_Timer", evaluation: SampleSet | None = None) -> tuple[WorkingModel, int, WeightBytes]:
+    """Run torch steps, convert, run graph steps; also return the FP32 IR size and weight bytes before graph
+    steps."""
     torch_steps = [s for s in recipe.steps if get_pass(s.name).stage == "torch"]
     graph_steps = [s for s in recipe.steps if get_pass(s.name).stage == "graph"]
     if torch_steps and source.kind != "torch":
@@ -119,10 +127,11 @@ def _run_recipe(source: SourceModel, recipe: Recipe, calib: SampleSet, formats: 
             if "onnx" in formats:
                 working.onnx_model = source.onnx_model()
     fp32_ir_bytes = ir_bytes(working.ov_model, compress_to_fp16=False)
+    fp32_weights = openvino_weight_bytes(working.ov_model)
     for step in graph_steps:
         with timer(step.name):
             run_step(step, working, ctx)
-    return working, fp32_ir_bytes
+    return working, fp32_ir_bytes, fp32_weights
 
 
 def _evaluate(result: CompressResult, source: SourceModel, evaluation: SampleSet) -> None:

@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from edgeopt.cli.weight_options import recipe_with_weights, weight_options, weights_step
 from edgeopt.errors import BadInputError, QualityGateError
 
 
@@ -36,8 +37,9 @@ from edgeopt.errors import BadInputError, QualityGateError
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--json", "json_out", default=None, help="Write the report as JSON to this file ('-' for stdout).")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
+@weight_options
 def compress(model, calibration, out, formats, precision, recipe, eval_data, max_drop, min_cosine, input_shapes,
-             seed, json_out, quiet, target, validate_runs, validate_seconds, package_out):
+             seed, json_out, quiet, target, validate_runs, validate_seconds, package_out, **weight_args):
     """Compress MODEL (ONNX, OpenVINO IR, file.py:factory, TorchScript or .pt2) and write IR/ONNX to OUT."""
     from edgeopt import atomic
     from edgeopt.cli.streams import library_output
@@ -53,8 +55,11 @@ def compress(model, calibration, out, formats, precision, recipe, eval_data, max
         raise BadInputError("--package needs --target (the bundle carries the target's settings and budgets)")
     if formats is None:
         formats = "openvino" if model.lower().endswith(".xml") else "openvino,onnx"
-    profile, precision, shapes = _apply_target(target, precision, recipe, formats, parse_input_shapes(input_shapes))
-    recipe_obj = _recipe(recipe, precision, parse_recipe)
+    weights = weights_step(weight_args, target)
+    profile, precision, shapes = _apply_target(target, precision, recipe if weights is None else "weights", formats,
+                                               parse_input_shapes(input_shapes))
+    recipe_obj = (_recipe(recipe, precision, parse_recipe) if weights is None
+                  else recipe_with_weights(recipe, precision, weights, parse_recipe))
     with library_output(quiet):
         result = run_compress(model, calibration, out=out, recipe=recipe_obj, formats=parse_formats(formats),
                               eval_data=eval_data, gate=QualityGate(max_drop=max_drop / 100.0, min_cosine=min_cosine),

@@ -64,6 +64,7 @@ def register(name: str, stage: str, summary: str) -> Callable:
 def _load_builtin_passes() -> None:
     from edgeopt.passes import quantize  # noqa: F401  (registers int8, fp16)
     from edgeopt.passes import accuracy_control  # noqa: F401  (registers int8_ac)
+    from edgeopt.passes import weights  # noqa: F401  (registers weights)
 
 
 def get_pass(name: str) -> PassInfo:
