@@ -167,7 +167,8 @@ def plan_emulation(target: Target, host: HostInfo) -> Emulation | None:
     cpus = tuple(usable[:min(target.device.cores, len(usable))])
     threads = min(wanted, len(cpus))
     if threads < wanted:
-        notes.append(f"the device runs {wanted} threads but this host has {len(cpus)} CPUs; latency reads high")
+        notes.append(f"the device runs {wanted} threads but this host has {len(cpus)} CPUs: latency reads higher "
+                     f"than on the device")
     settings = RuntimeSettings(**(settings.describe() | {"threads": threads}))
     max_isa = None
     if target.device.arch != host.machine:

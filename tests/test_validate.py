@@ -155,3 +155,11 @@ def test_compress_refuses_a_precision_the_target_lacks(cli, tiny_factory, tiny_c
     result = cli("compress", tiny_factory, "--calib", tiny_calib, "--target", "raspberry-pi-4", "--precision", "fp16",
                  "--out", tmp_path / "never")
     assert result.exit_code == 2 and "target raspberry-pi-4 supports int8, fp32" in result.stderr
+
+
+def test_openvino_reports_its_own_request_time_beside_wall_clock(tiny_ir):
+    report = validate_artifact(tiny_ir, RuntimeSettings(threads=1), Budgets(), runs=30, warmup=5, min_seconds=0)
+    own = report.runtime_latency
+    assert own is not None and own.runs == report.latency.runs
+    assert 0 < own.p50_ms <= report.latency.p50_ms  # the runtime's time is inside the Python call's
+    assert report.to_dict()["runtime_latency_ms"]["p50_ms"] == own.p50_ms

@@ -69,6 +69,9 @@ def print_validation(report) -> None:
     out.print(f"latency ms: p50 {lat.p50_ms:.4g} · p95 {lat.p95_ms:.4g} · p99 {lat.p99_ms:.4g} · max {lat.max_ms:.4g}"
               f" · mean {lat.mean_ms:.4g} ± {lat.stddev_ms:.3g} (CV {lat.cv:.3f}, p99/p50 {lat.p99_over_p50:.2f})"
               f" · {lat.throughput_fps:.0f} inferences/s")
+    if report.runtime_latency:
+        out.print(f"OpenVINO's own per-request time (InferRequest.latency, without the Python call): "
+                  f"p50 {report.runtime_latency.p50_ms:.4g} · p99 {report.runtime_latency.p99_ms:.4g} ms")
     out.print(f"cold: load+compile {report.load_compile_ms:.1f} ms, first inference {report.first_inference_ms:.3f} ms")
     rss = report.peak_rss_bytes
     before = report.rss_before_load_bytes

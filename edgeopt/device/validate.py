@@ -35,7 +35,7 @@ class ValidationReport:
     runs: int
     warmup: int
     min_seconds: float
-    latency: LatencyStats
+    latency: LatencyStats  # wall-clock of each synchronous infer() call from Python: what the budgets check
     first_inference_ms: float  # cold: the first inference after compiling
     load_compile_ms: float  # read + compile, in the measuring process
     rss_before_load_bytes: int | None  # measuring process after importing the runtime, before loading
@@ -49,6 +49,7 @@ class ValidationReport:
     target: str | None = None
     budgets: Budgets = field(default_factory=Budgets)
     timings_ms: tuple[float, ...] = ()  # every timed inference, in order (for histograms)
+    runtime_latency: LatencyStats | None = None  # OpenVINO's own per-request time, without the Python call
 
     @property
     def artifact_bytes(self) -> int:
@@ -70,7 +71,8 @@ class ValidationReport:
     def measured_with(self, where: bool = True) -> str:
         """One line saying how the latency figures were measured (and, with ``where``, on what)."""
         eff = self.effective_settings
-        text = (f"{self.latency.runs} timed runs after {self.warmup} warm-up, batch 1, synchronous; "
+        text = (f"{self.latency.runs} timed runs after {self.warmup} warm-up, batch 1, wall-clock of each synchronous "
+                f"infer() call from Python; "
                 f"{self.settings.runtime} {self.runtime_version}, threads={eff.get('threads')}, "
                 f"streams={eff.get('streams')}, hint={eff.get('performance_hint')}, "
                 f"inference precision={eff.get('inference_precision')}")
@@ -88,6 +90,7 @@ class ValidationReport:
             "checks": [check.describe() for check in self.checks],
             "budgets": self.budgets.describe(),
             "latency_ms": self.latency.describe(),
+            "runtime_latency_ms": self.runtime_latency.describe() if self.runtime_latency else None,
             "first_inference_ms": self.first_inference_ms,
             "load_compile_ms": self.load_compile_ms,
             "memory": {"rss_before_load_bytes": self.rss_before_load_bytes, "peak_rss_bytes": self.peak_rss_bytes,
@@ -149,6 +152,7 @@ def validate_artifact(model_path: str | Path, settings: RuntimeSettings, budgets
         host=host | {"load_average_1min": round(load, 2)}, emulation_note=emulation_note, notes=notes, checks=[],
         target=target,
         budgets=budgets, timings_ms=tuple(result["timings_ms"]),
+        runtime_latency=latency_stats(result["runtime_timings_ms"]) if result["runtime_timings_ms"] else None,
     )
     return replace(report, checks=check_budgets(budgets, report.measured()))
 
