@@ -23,7 +23,7 @@ from edgeopt.optimize.plan import DEFAULT_PLAN, PlannedCandidate, load_plan
 from edgeopt.passes import get_pass
 from edgeopt.recipe import Recipe, Step
 from edgeopt.source import load_model
-from edgeopt.targets import Target, plan_emulation
+from edgeopt.targets import Target, load_target, plan_emulation
 
 OBJECTIVES = ("p50_ms", "p95_ms", "p99_ms", "file_mb", "peak_rss_mb")
 
@@ -167,7 +167,7 @@ class _Builder:
         """Build (or reuse) the artifact, then apply the quality gate to its evaluation."""
         from edgeopt.pipeline import compress
 
-        recipe = Recipe(tuple(self._with_gate(step) for step in recipe.steps))
+        recipe = Recipe(tuple(self._with_context(step) for step in recipe.steps))
         candidate.recipe = recipe.describe()
         key = digest({"inputs": self.inputs, "recipe": [[s.name, s.params] for s in recipe.steps]})
         entry = self.cache.entry(key)
@@ -219,13 +219,23 @@ class _Builder:
         candidate.timings_ms = stored["timings_ms"]
         candidate.checks = check_budgets(self.target.budgets, candidate.figures)
 
-    def _with_gate(self, step: Step) -> Step:
-        """Steps that take max_drop / min_cosine get the gate's values unless the plan set them."""
+    def _with_context(self, step: Step) -> Step:
+        """Steps that take max_drop / min_cosine get the gate's values, and steps that take a target get the
+        profile, unless the plan set them."""
         accepted = inspect.signature(get_pass(step.name).run).parameters
+        profile = self.target.name if _on_search_path(self.target) else str(self.target.source)
         extra = {name: value for name, value in (("max_drop", self.gate.max_drop),
-                                                 ("min_cosine", self.gate.min_cosine))
+                                                 ("min_cosine", self.gate.min_cosine), ("target", profile))
                  if name in accepted and name not in step.params}
         return Step(step.name, {**step.params, **extra})
+
+
+def _on_search_path(target: Target) -> bool:
+    """Whether the profile's name alone finds its file (short recipe text, stable cache keys)."""
+    try:
+        return load_target(target.name).source == target.source
+    except BadInputError:
+        return False
 
 
 def _quality(data: dict) -> Quality:
