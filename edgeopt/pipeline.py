@@ -21,6 +21,7 @@ from edgeopt.export import Artifact, save_artifacts
 from edgeopt.passes import PassContext, WorkingModel, get_pass, run_step
 from edgeopt.recipe import Recipe, parse_recipe
 from edgeopt.source import SourceModel, load_model, to_onnx, to_openvino
+from edgeopt.step_report import StepRecorder, StepReport
 from edgeopt.weight_bytes import WeightBytes, artifact_weight_bytes, openvino_weight_bytes
 
 EVAL_SETTINGS = RuntimeSettings(inference_precision="f32", threads=None)
@@ -41,6 +42,7 @@ class CompressResult:
     fp32_ir_bytes: int | None = None  # size of the uncompressed FP32 OpenVINO IR, for size ratios
     fp32_weight_bytes: WeightBytes | None = None  # weight constants of the FP32 OpenVINO model
     weight_bytes: dict[str, WeightBytes] = field(default_factory=dict)  # per artifact format, as saved
+    steps: StepReport | None = None  # figures after each recipe step
 
     @property
     def quality_passed(self) -> bool:
@@ -65,16 +67,20 @@ class CompressResult:
             },
             "host": host_info().describe(),
             "versions": _versions(),
+            "steps": self.steps.describe() if self.steps else None,
         }
 
 
 def compress(model: str | Path, calibration: str | Path, *, out: str | Path, recipe: str | Recipe = "int8",
              formats: tuple[str, ...] = ("openvino", "onnx"), eval_data: str | Path | None = None,
              gate: QualityGate | None = None, input_shapes: dict | None = None, seed: int = 0,
-             eval_settings: RuntimeSettings = EVAL_SETTINGS) -> CompressResult:
+             eval_settings: RuntimeSettings = EVAL_SETTINGS, train_data: str | Path | None = None,
+             step_report: bool | None = None, quiet: bool = False) -> CompressResult:
     """Compress ``model`` with ``recipe`` and write the artifacts to ``out`` atomically.
 
     The quality gate's verdict is in the result (``quality_passed``); callers decide what a failure means.
+    ``train_data`` feeds the torch steps that fine-tune (default: the calibration set). ``step_report`` measures
+    the model after every step (default: when the recipe has a PyTorch step).
     """
     timer = _Timer()
     recipe = recipe if isinstance(recipe, Recipe) else parse_recipe(recipe)
@@ -83,7 +89,12 @@ def compress(model: str | Path, calibration: str | Path, *, out: str | Path, rec
         source = load_model(model, input_shapes)
         calib = load_samples(calibration, source.inputs)
         evaluation = load_samples(eval_data, source.inputs) if eval_data else None
-    working, fp32_ir_bytes, fp32_weights = _run_recipe(source, recipe, calib, formats, seed, timer, evaluation)
+        train = load_samples(train_data, source.inputs) if train_data else None
+    if step_report is None:
+        step_report = any(get_pass(s.name).stage == "torch" for s in recipe.steps)
+    recorder = StepRecorder(source, evaluation or calib) if step_report else None
+    working, fp32_ir_bytes, fp32_weights = _run_recipe(source, recipe, calib, formats, seed, timer, evaluation,
+                                                       train=train, quiet=quiet, observe=recorder)
     out = Path(out)
     with atomic.atomic_dir(out) as tmp:
         with timer("save"):
@@ -91,7 +102,8 @@ def compress(model: str | Path, calibration: str | Path, *, out: str | Path, rec
         result = CompressResult(tmp, recipe, artifacts, gate=gate, notes=working.notes, seconds=timer.seconds,
                                 eval_settings=eval_settings, fp32_ir_bytes=fp32_ir_bytes,
                                 fp32_weight_bytes=fp32_weights,
-                                weight_bytes={a.format: artifact_weight_bytes(a.path) for a in artifacts})
+                                weight_bytes={a.format: artifact_weight_bytes(a.path) for a in artifacts},
+                                steps=recorder.report if recorder else None)
         if evaluation is not None:
             with timer("evaluate"):
                 _evaluate(result, source, evaluation)
@@ -101,7 +113,8 @@ def compress(model: str | Path, calibration: str | Path, *, out: str | Path, rec
 
 
 def _run_recipe(source: SourceModel, recipe: Recipe, calib: SampleSet, formats: tuple[str, ...], seed: int,
-                timer: "_Timer", evaluation: SampleSet | None = None) -> tuple[WorkingModel, int, WeightBytes]:
+                timer: "_Timer", evaluation: SampleSet | None = None, *, train: SampleSet | None = None,
+                quiet: bool = False, observe: StepRecorder | None = None) -> tuple[WorkingModel, int, WeightBytes]:
     """Run torch steps, convert, run graph steps; also return the FP32 IR size and weight bytes before graph
     steps."""
     torch_steps = [s for s in recipe.steps if get_pass(s.name).stage == "torch"]
@@ -112,11 +125,20 @@ def _run_recipe(source: SourceModel, recipe: Recipe, calib: SampleSet, formats: 
     first_graph = min((recipe.steps.index(s) for s in graph_steps), default=len(recipe.steps))
     if any(recipe.steps.index(s) > first_graph for s in torch_steps):
         raise BadInputError(f"recipe '{recipe.describe()}': PyTorch steps must come before graph steps")
-    ctx = PassContext(calibration=calib, seed=seed, want_onnx="onnx" in formats, evaluation=evaluation)
+    if "qat" in recipe.names and graph_steps:
+        raise BadInputError(f"recipe '{recipe.describe()}': qat already quantizes the model to INT8; drop "
+                            f"{', '.join(s.name for s in graph_steps)} after it")
+    ctx = PassContext(calibration=calib, seed=seed, want_onnx="onnx" in formats, evaluation=evaluation, train=train,
+                      settings={"quiet": quiet})
     working = WorkingModel(source, torch_module=copy.deepcopy(source.torch_module) if source.kind == "torch" else None)
+    observe = observe or (lambda label, model: None)
+    with timer("step report"):
+        observe("original", working)
     for step in torch_steps:
         with timer(step.name):
             run_step(step, working, ctx)
+        with timer("step report"):
+            observe(step.describe(), working)
     with timer("convert"):
         if source.kind == "torch":
             working.ov_model = to_openvino(working.torch_module, source.example_input, source.input_names)
@@ -131,6 +153,8 @@ def _run_recipe(source: SourceModel, recipe: Recipe, calib: SampleSet, formats: 
     for step in graph_steps:
         with timer(step.name):
             run_step(step, working, ctx)
+        with timer("step report"):
+            observe(step.describe(), working)
     return working, fp32_ir_bytes, fp32_weights
 
 

@@ -44,3 +44,29 @@ def print_compress_result(result) -> None:
         ratio = f", {fp32_weights.total / weights.total:.2f}x smaller than FP32 ({format_bytes(fp32_weights.total)})" \
             if fp32_weights and weights.total else ""
         out.print(f"weight bytes ({fmt}): {format_bytes(weights.total)}{ratio}")
+    if result.steps is not None:
+        print_step_report(result.steps, out)
+
+
+def print_step_report(report, out: Console) -> None:
+    """One row per recipe step: what it cost and what it bought, each ratio against the original."""
+    how = report.describe()["measured_with"]
+    table = Table(title="after each step")
+    for column in ("step", "precision", "params", "MACs", "IR size", "top-1", "cosine", "p50 latency", "speed-up"):
+        table.add_column(column, justify="left" if column in ("step", "precision") else "right")
+    first = report.rows[0]
+    for row in report.rows:
+        table.add_row(row.step, row.precision, _count(row.params), _count(row.macs),
+                      f"{format_bytes(row.ir_bytes)} ({first.ir_bytes / row.ir_bytes:.2f}x)",
+                      "-" if row.top1 is None else f"{row.top1 * 100:.2f}%",
+                      "-" if row.cosine is None else f"{row.cosine:.5f}", f"{row.p50_ms:.3f} ms",
+                      f"{first.p50_ms / row.p50_ms:.2f}x")
+    out.print(table)
+    out.print(f"latency: {how['latency']}; threads={report.settings.threads}, inference precision "
+              f"{report.settings.inference_precision}; host {how['host_cpu']}; quality: {how['quality']}")
+
+
+def _count(value: int | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value / 1e6:.2f}M" if value >= 1e6 else f"{value / 1e3:.1f}K" if value >= 1e3 else str(value)

@@ -21,6 +21,10 @@ from edgeopt.errors import BadInputError, QualityGateError
               help="Output precision (shorthand for a one-step recipe; default int8).")
 @click.option("--recipe", default=None, help="Steps, e.g. prune,distill,int8, or a recipe .toml file.")
 @click.option("--eval", "eval_data", default=None, help="Evaluation data (with labels for top-1).")
+@click.option("--train", "train_data", default=None, help="Training data for prune/distill/qat fine-tuning "
+              "(same forms as --calib; default: the calibration set).")
+@click.option("--step-report/--no-step-report", default=None, help="Measure params, MACs, size, accuracy and "
+              "latency after every recipe step (default: on when the recipe has a PyTorch step).")
 @click.option("--max-drop", default=1.0, show_default=True, type=float,
               help="Quality gate: largest allowed top-1 drop, in percentage points.")
 @click.option("--min-cosine", default=0.99, show_default=True, type=float,
@@ -39,7 +43,8 @@ from edgeopt.errors import BadInputError, QualityGateError
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 @weight_options
 def compress(model, calibration, out, formats, precision, recipe, eval_data, max_drop, min_cosine, input_shapes,
-             seed, json_out, quiet, target, validate_runs, validate_seconds, package_out, **weight_args):
+             seed, json_out, quiet, target, validate_runs, validate_seconds, package_out, train_data, step_report,
+             **weight_args):
     """Compress MODEL (ONNX, OpenVINO IR, file.py:factory, TorchScript or .pt2) and write IR/ONNX to OUT."""
     from edgeopt import atomic
     from edgeopt.cli.streams import library_output
@@ -63,7 +68,8 @@ def compress(model, calibration, out, formats, precision, recipe, eval_data, max
     with library_output(quiet):
         result = run_compress(model, calibration, out=out, recipe=recipe_obj, formats=parse_formats(formats),
                               eval_data=eval_data, gate=QualityGate(max_drop=max_drop / 100.0, min_cosine=min_cosine),
-                              input_shapes=shapes, seed=seed)
+                              input_shapes=shapes, seed=seed, train_data=train_data, step_report=step_report,
+                              quiet=quiet)
     report = result.describe()
     validations = _validate(profile, result, report, validate_runs, validate_seconds) if profile else []
     if json_out == "-":

@@ -38,6 +38,7 @@ class PassContext:
     want_onnx: bool = True
     settings: dict = field(default_factory=dict)  # extra knobs from the CLI or a target profile
     evaluation: SampleSet | None = None  # held-out data (with labels when given), for accuracy-aware passes
+    train: SampleSet | None = None  # training data for torch passes that fine-tune (else the calibration set)
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ def _load_builtin_passes() -> None:
     from edgeopt.passes import quantize  # noqa: F401  (registers int8, fp16)
     from edgeopt.passes import accuracy_control  # noqa: F401  (registers int8_ac)
     from edgeopt.passes import weights  # noqa: F401  (registers weights)
+    from edgeopt.passes import distill, prune  # noqa: F401  (registers distill, qat, prune, sparsify)
 
 
 def get_pass(name: str) -> PassInfo:

@@ -1,0 +1,113 @@
+"""What each recipe step bought: parameters, MACs, IR size, accuracy/fidelity and latency p50 after every step.
+
+After each step the working model is saved as OpenVINO IR (as ``save_artifacts`` would), run on the evaluation
+data (accuracy, fidelity to the original's outputs) and timed at batch 1 with pinned runtime settings.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from edgeopt.data import SampleSet
+from edgeopt.device.host import host_info
+from edgeopt.device.measure import measure_latency
+from edgeopt.device.runtime import OpenVINOSession, RuntimeSettings, random_feeds, runtime_version
+from edgeopt.evaluate import compare_outputs, first_outputs, torch_predictor
+from edgeopt.passes import WorkingModel
+from edgeopt.source import SourceModel, to_openvino
+
+
+@dataclass(frozen=True)
+class StepRow:
+    step: str
+    params: int | None  # from torch-pruning's count_ops_and_params (None for ONNX / IR sources)
+    macs: int | None
+    ir_bytes: int  # .xml + .bin as saved
+    precision: str
+    top1: float | None  # on the report's data, when it has labels
+    cosine: float | None  # mean cosine similarity to the original's outputs
+    p50_ms: float
+
+
+@dataclass
+class StepReport:
+    data: str
+    samples: int
+    settings: RuntimeSettings
+    runs: int
+    warmup: int
+    rows: list[StepRow] = field(default_factory=list)
+
+    def describe(self) -> dict:
+        return {
+            "measured_with": {
+                "latency": f"OpenVINO {runtime_version('openvino')}, batch 1, {self.warmup} warm-up + {self.runs} "
+                           f"timed synchronous inferences on random inputs, p50",
+                "settings": self.settings.describe(),
+                "host_cpu": host_info().cpu_model,
+                "quality": f"{self.samples} samples of {self.data}, OpenVINO with the same settings",
+                "params_macs": "torch_pruning.utils.count_ops_and_params on the PyTorch module",
+            },
+            "rows": [asdict(row) for row in self.rows],
+        }
+
+
+class StepRecorder:
+    """Callable the pipeline invokes after each step with ``(label, working_model)``."""
+
+    def __init__(self, source: SourceModel, data: SampleSet, threads: int | None = None, runs: int = 200,
+                 warmup: int = 20):
+        threads = threads or host_info().usable_cpus
+        self.source = source
+        self.data = data
+        self.report = StepReport(data.source, len(data), RuntimeSettings(inference_precision="f32", threads=threads),
+                                 runs, warmup)
+        self._reference: np.ndarray | None = None
+
+    def __call__(self, label: str, working: WorkingModel) -> None:
+        counts = self._counts(working)
+        ov_model = self._openvino(working)
+        with tempfile.TemporaryDirectory() as tmp:
+            import openvino as ov
+
+            xml = Path(tmp) / "model.xml"
+            ov.save_model(ov_model, str(xml), compress_to_fp16=working.precision != "fp32")
+            size = xml.stat().st_size + xml.with_suffix(".bin").stat().st_size
+            session = OpenVINOSession(xml, self.report.settings)
+            outputs = first_outputs(session.infer, self.data)
+            latency = measure_latency(session, random_feeds(session.inputs), self.report.runs, self.report.warmup)
+        if self._reference is None:
+            self._reference = self._original_outputs(outputs)
+        top1 = float(np.mean(outputs.argmax(axis=1) == self.data.labels)) if self.data.labels is not None else None
+        cosine = compare_outputs(outputs, self._reference).cosine
+        self.report.rows.append(StepRow(label, *counts, size, working.precision, top1, cosine, latency.p50_ms))
+
+    def _counts(self, working: WorkingModel) -> tuple[int | None, int | None]:
+        """Params and MACs of the current torch module; steps past conversion keep the architecture's counts."""
+        from torch import nn
+
+        module = working.torch_module
+        if isinstance(module, nn.Module) and working.ov_model is None and working.precision == "fp32":
+            import torch_pruning as tp
+
+            macs, params = tp.utils.count_ops_and_params(module, self.source.example_input)
+            return int(params), int(macs)
+        previous = self.report.rows[-1] if self.report.rows else None
+        return (previous.params, previous.macs) if previous else (None, None)
+
+    def _openvino(self, working: WorkingModel):
+        if working.ov_model is not None:
+            return working.ov_model
+        if working.torch_module is not None:
+            return to_openvino(working.torch_module, self.source.example_input, self.source.input_names)
+        return self.source.openvino_model()
+
+    def _original_outputs(self, first_row_outputs: np.ndarray) -> np.ndarray:
+        """The original in its own framework (PyTorch) where it has one, else the first row's outputs."""
+        if self.source.kind == "torch":
+            return first_outputs(torch_predictor(self.source.torch_module, self.source.input_names), self.data)
+        return first_row_outputs
