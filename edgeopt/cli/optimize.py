@@ -104,7 +104,8 @@ def _print(report: dict, tables, out: Path) -> None:
         table.add_row(row.cells[0], mark + row.cells[1], *row.cells[2:], style=_STYLE[row.status])
     console.print(table)
     console.print(tables.verdict(report), style="bold green" if report["verdict"] == "found" else "bold red")
-    console.print(dict(tables.settings_lines(report)).get("measured with", "nothing was measured"))
+    measured = [value for key, value in tables.settings_lines(report) if key.startswith("measured with")]
+    console.print(f"measured with: {measured[0]}" if measured else "nothing was measured")
     files = ", ".join(report.get("chosen_files", ["no artifact (none passed)"]))
     console.print(f"written to {out}: {files}, report.md, report.html, report.json")
 

@@ -14,7 +14,7 @@ h1 { font-size: 1.6em; } h2 { font-size: 1.2em; margin-top: 1.6em; border-bottom
 .found { background: #dafbe1; border: 1px solid #1a7f37; } .budgets, .quality { background: #ffebe9; border: 1px solid #cf222e; }
 table { border-collapse: collapse; font-size: .85em; margin: .5em 0; }
 th, td { border: 1px solid #d0d7de; padding: 4px 8px; text-align: left; vertical-align: top; max-width: 22em;
-         overflow-wrap: anywhere; }
+         overflow-wrap: break-word; }
 th { background: #f6f8fa; }
 tr.chosen td { background: #dafbe1; font-weight: 600; } tr.closest td { background: #fff8c5; }
 tr.skipped td { color: #656d76; }

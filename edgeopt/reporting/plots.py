@@ -48,14 +48,14 @@ def tradeoff(report: dict) -> bytes | None:
     labelled = all(c["quality"]["top1_drop"] is not None for c in measured)
     fig, ax = plt.subplots(figsize=(8, 5))
     biggest = max(c["file_bytes"] for c in measured)
-    for c in measured:
+    for index, c in enumerate(measured):
         x = c["latency_ms"]["p50_ms"]
         y = c["quality"]["top1_drop"] * 100 if labelled else 1 - c["quality"]["cosine"]
         status = _status(report, c)
         ax.scatter([x], [y], s=60 + 900 * c["file_bytes"] / biggest, color=_COLOURS[status], alpha=0.6,
                    edgecolors="black")
         ax.annotate(f"{c['label']}\n{c['file_bytes'] / 1e6:.3g} MB, {status}", (x, y), fontsize=8,
-                    xytext=(8, 8), textcoords="offset points")
+                    xytext=(8, 8 if index % 2 == 0 else -24), textcoords="offset points")  # alternate: no overlap
     gate = report["gate"]["max_top1_drop"] * 100 if labelled else 1 - report["gate"]["min_cosine"]
     ax.axhline(gate, color="#cf222e", linestyle="--", linewidth=1, label="quality gate")
     budget = report["target"]["budgets"].get("p50_ms")

@@ -101,7 +101,8 @@ def settings_lines(report: dict) -> list[tuple[str, str]]:
                         f"{measuring['warmup']} warm-up, batch 1, in a separate process per candidate"),
     ]
     if measured:
-        lines.append(("measured with", measured["measured_with"]))
+        lines.append((f"measured with ({measured['label']}; each candidate's own line is in report.json)",
+                      measured["measured_with"]))
     lines += [
         ("where", report["emulation_note"] or f"on the device itself ({host['cpu_model']})"),
         ("host", f"{host['cpu_model']}, {host['usable_cpus']} usable CPUs, {host['os']}, {host['machine']}, "
