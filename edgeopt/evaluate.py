@@ -90,3 +90,38 @@ def compare_outputs(outputs: np.ndarray, reference: np.ndarray) -> Fidelity:
     error = np.abs(a - b)
     agreement = float(np.mean(a.argmax(axis=1) == b.argmax(axis=1))) if a.shape[1] > 1 else None
     return Fidelity(float(cosine.mean()), float(error.max()), float(error.mean()), agreement)
+
+
+@dataclass(frozen=True)
+class TokenFidelity:
+    """A language model's next-token predictions vs the original's, over every position of held-out text."""
+
+    top1_agreement: float  # share of positions whose most likely next token matches the original's
+    perplexity: float  # exp(mean negative log-likelihood of the actual next token)
+    reference_perplexity: float
+
+    @property
+    def perplexity_ratio(self) -> float:
+        return self.perplexity / self.reference_perplexity
+
+    def check(self, min_agreement: float, max_perplexity_ratio: float) -> tuple[bool, str]:
+        ok = self.top1_agreement >= min_agreement and self.perplexity_ratio <= max_perplexity_ratio
+        return ok, (f"top-1 next-token agreement {self.top1_agreement:.4f} (min {min_agreement}), perplexity "
+                    f"{self.perplexity:.3f} vs {self.reference_perplexity:.3f} = {self.perplexity_ratio:.4f}x "
+                    f"(max {max_perplexity_ratio}x)")
+
+
+def next_token_fidelity(logits: np.ndarray, reference_logits: np.ndarray, ids: np.ndarray) -> TokenFidelity:
+    """Compare (samples x positions x vocab) logits on token ``ids`` (samples x positions); position t predicts
+    token t + 1, so perplexity uses the first positions - 1 predictions of each sample."""
+    logits = logits.reshape(*ids.shape, -1).astype(np.float64)
+    reference_logits = reference_logits.reshape(*ids.shape, -1).astype(np.float64)
+    agreement = float(np.mean(logits.argmax(-1) == reference_logits.argmax(-1)))
+
+    def perplexity(values: np.ndarray) -> float:
+        shifted = values[:, :-1] - values[:, :-1].max(-1, keepdims=True)
+        log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+        picked = np.take_along_axis(log_probs, ids[:, 1:, None], axis=-1)
+        return float(np.exp(-picked.mean()))
+
+    return TokenFidelity(agreement, perplexity(logits), perplexity(reference_logits))

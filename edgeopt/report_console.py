@@ -39,8 +39,8 @@ def print_compress_result(result) -> None:
         verdict = "-" if gate is None else ("PASS: " if gate[0] else "FAIL: ") + gate[1]
         table.add_row(artifact.path.name, artifact.precision, format_bytes(artifact.bytes), ratio, top1, cosine, verdict)
     out.print(table)
-    fp32_weights = getattr(result, "fp32_weight_bytes", None)
-    for fmt, weights in getattr(result, "weight_bytes", {}).items():
+    fp32_weights = result.fp32_weight_bytes
+    for fmt, weights in result.weight_bytes.items():
         ratio = f", {fp32_weights.total / weights.total:.2f}x smaller than FP32 ({format_bytes(fp32_weights.total)})" \
             if fp32_weights and weights.total else ""
         out.print(f"weight bytes ({fmt}): {format_bytes(weights.total)}{ratio}")
