@@ -36,19 +36,20 @@ def to_junit(reports: list[ValidationReport]) -> str:
                               time=f"{report.latency.mean_ms * report.latency.runs / 1000:.3f}",
                               hostname=report.host.get("cpu_model", ""))
         properties = ET.SubElement(suite, "properties")
-        for name, value in (("measured_with", report.measured_with()), ("emulated", str(report.emulation_note is not None)),
+        emulated = str(report.emulation_note is not None)
+        for name, value in (("measured_with", report.measured_with()), ("emulated", emulated),
                             *(("note", note) for note in report.notes)):
             ET.SubElement(properties, "property", name=name, value=value)
         for check in report.checks:
             case = ET.SubElement(suite, "testcase", classname=f"edgeopt.validate.{report.target or 'budgets'}",
                                  name=check.name, time="0")
             measured = "not measured" if check.measured is None else f"{check.measured:.4g}{check.unit}"
+            verdict = f"measured {measured}, budget {check.budget:.4g}{check.unit}"
             if not check.passed:
-                failure = ET.SubElement(case, "failure", type="BudgetExceeded",
-                                        message=f"{check.name}: measured {measured}, budget {check.budget:.4g}{check.unit}")
+                failure = ET.SubElement(case, "failure", type="BudgetExceeded", message=f"{check.name}: {verdict}")
                 failure.text = report.measured_with()
             else:
-                ET.SubElement(case, "system-out").text = f"measured {measured}, budget {check.budget:.4g}{check.unit}"
+                ET.SubElement(case, "system-out").text = verdict
     ET.indent(suites)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
 
