@@ -29,7 +29,15 @@ class BudgetError(EdgeoptError):
     exit_code = 4
 
 
+_LOCATION_PREFIXES = ("Exception from ", "Check '", "FrontEnd API failed", "[ GENERAL_ERROR ]", "Traceback")
+
+
 def first_line(exc: BaseException, limit: int = 300) -> str:
-    """The first line of an exception's message, for one-line error reports."""
-    text = str(exc).strip().splitlines()
-    return text[0][:limit] if text else type(exc).__name__
+    """The first informative line of an exception's message, for one-line error reports.
+
+    Runtimes written in C++ (OpenVINO) start their messages with source locations; those lines are skipped.
+    """
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    informative = [line for line in lines if not line.startswith(_LOCATION_PREFIXES)]
+    chosen = informative[0] if informative else (lines[0] if lines else type(exc).__name__)
+    return chosen[:limit]
