@@ -26,6 +26,7 @@ class Quality:
     name: str
     top1: float | None  # accuracy in [0, 1] when labels exist
     fidelity: Fidelity | None  # vs the original (None for the original itself)
+    tokens: TokenFidelity | None = None  # next-token agreement and perplexity, for language models
 
     def describe(self) -> dict:
         return asdict(self)
@@ -34,18 +35,27 @@ class Quality:
 @dataclass(frozen=True)
 class QualityGate:
     """Passes when top-1 drops by at most ``max_drop`` (absolute, in [0, 1]) or, without labels, when the
-    cosine similarity to the original stays at least ``min_cosine``."""
+    cosine similarity to the original stays at least ``min_cosine``. A language model must also keep its top-1
+    next-token agreement at least ``min_token_agreement`` and its perplexity within ``max_perplexity_ratio`` of
+    the original's."""
 
     max_drop: float = 0.01
     min_cosine: float = 0.99
+    min_token_agreement: float = 0.9
+    max_perplexity_ratio: float = 1.1
 
     def check(self, reference: Quality, candidate: Quality) -> tuple[bool, str]:
         if reference.top1 is not None and candidate.top1 is not None:
             drop = reference.top1 - candidate.top1
             ok = drop <= self.max_drop + 1e-12
-            return ok, f"top-1 drop {drop * 100:.2f} pp (max {self.max_drop * 100:.2f} pp)"
-        cosine = candidate.fidelity.cosine
-        return cosine >= self.min_cosine, f"cosine {cosine:.5f} (min {self.min_cosine})"
+            verdict = ok, f"top-1 drop {drop * 100:.2f} pp (max {self.max_drop * 100:.2f} pp)"
+        else:
+            cosine = candidate.fidelity.cosine
+            verdict = cosine >= self.min_cosine, f"cosine {cosine:.5f} (min {self.min_cosine})"
+        if candidate.tokens is None:
+            return verdict
+        ok, message = candidate.tokens.check(self.min_token_agreement, self.max_perplexity_ratio)
+        return verdict[0] and ok, f"{verdict[1]}; {message}"
 
     def enforce(self, reference: Quality, candidates: list[Quality]) -> None:
         failures = [f"{c.name}: {msg}" for c in candidates for ok, msg in [self.check(reference, c)] if not ok]
@@ -76,10 +86,26 @@ def torch_predictor(module, input_names: list[str]):
 
 
 def measure_quality(name: str, outputs: np.ndarray, labels: np.ndarray | None,
-                    reference_outputs: np.ndarray | None) -> Quality:
+                    reference_outputs: np.ndarray | None, token_ids: np.ndarray | None = None) -> Quality:
+    """``token_ids`` (from ``language_model_ids``) adds next-token fidelity for a language model."""
     top1 = float(np.mean(outputs.argmax(axis=1) == labels)) if labels is not None else None
     fidelity = compare_outputs(outputs, reference_outputs) if reference_outputs is not None else None
-    return Quality(name, top1, fidelity)
+    tokens = (next_token_fidelity(outputs, reference_outputs, token_ids)
+              if token_ids is not None and reference_outputs is not None else None)
+    return Quality(name, top1, fidelity, tokens)
+
+
+def language_model_ids(predict, samples: SampleSet) -> np.ndarray | None:
+    """The token ids (samples x positions) when the model is a language model, i.e. maps one integer input of
+    shape 1 x T to per-position logits 1 x T x V; otherwise ``None``."""
+    first = samples.samples[0]
+    ids = next(iter(first.values()))
+    if len(first) != 1 or ids.ndim != 2 or ids.shape[0] != 1 or not np.issubdtype(ids.dtype, np.integer):
+        return None
+    logits = np.asarray(predict(first)[0])
+    if logits.ndim != 3 or logits.shape[:2] != ids.shape or logits.shape[2] < 2:
+        return None
+    return np.concatenate([next(iter(sample.values())) for sample in samples.samples])
 
 
 def compare_outputs(outputs: np.ndarray, reference: np.ndarray) -> Fidelity:

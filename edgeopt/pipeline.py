@@ -15,8 +15,8 @@ from edgeopt.data import SampleSet, load_samples
 from edgeopt.device.host import host_info
 from edgeopt.device.runtime import RuntimeSettings, runtime_version
 from edgeopt.errors import BadInputError
-from edgeopt.evaluate import (Quality, QualityGate, first_outputs, measure_quality, session_predictor,
-                              torch_predictor)
+from edgeopt.evaluate import (Quality, QualityGate, first_outputs, language_model_ids, measure_quality,
+                              session_predictor, torch_predictor)
 from edgeopt.export import Artifact, save_artifacts
 from edgeopt.passes import PassContext, WorkingModel, get_pass, run_step
 from edgeopt.recipe import Recipe, parse_recipe
@@ -59,7 +59,9 @@ class CompressResult:
                              **{k: v.describe() for k, v in self.weight_bytes.items()}},
             "quality": {
                 "evaluated_with": self.eval_settings.describe(),
-                "gate": {"max_top1_drop": self.gate.max_drop, "min_cosine": self.gate.min_cosine},
+                "gate": {"max_top1_drop": self.gate.max_drop, "min_cosine": self.gate.min_cosine,
+                         "language_model": {"min_token_agreement": self.gate.min_token_agreement,
+                                            "max_perplexity_ratio": self.gate.max_perplexity_ratio}},
                 "original": self.reference.describe() if self.reference else None,
                 "artifacts": {k: {**q.describe(), "passed": self.gate_results[k][0], "check": self.gate_results[k][1]}
                               for k, q in self.qualities.items()},
@@ -160,12 +162,14 @@ def _run_recipe(source: SourceModel, recipe: Recipe, calib: SampleSet, formats: 
 
 def _evaluate(result: CompressResult, source: SourceModel, evaluation: SampleSet) -> None:
     """Measure the original in its own framework, then each artifact in its runtime, and apply the gate."""
-    reference_outputs = first_outputs(_original_predictor(source, result.eval_settings), evaluation)
+    original = _original_predictor(source, result.eval_settings)
+    reference_outputs = first_outputs(original, evaluation)
+    token_ids = language_model_ids(original, evaluation)
     result.reference = measure_quality("original", reference_outputs, evaluation.labels, None)
     for artifact in result.artifacts:
         settings = result.eval_settings if artifact.runtime == "openvino" else RuntimeSettings(runtime="onnxruntime")
         outputs = first_outputs(session_predictor(artifact.path, settings), evaluation)
-        quality = measure_quality(artifact.format, outputs, evaluation.labels, reference_outputs)
+        quality = measure_quality(artifact.format, outputs, evaluation.labels, reference_outputs, token_ids)
         result.qualities[artifact.format] = quality
         result.gate_results[artifact.format] = result.gate.check(result.reference, quality)
 

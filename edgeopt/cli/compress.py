@@ -27,6 +27,10 @@ from edgeopt.errors import BadInputError, QualityGateError
               "latency after every recipe step (default: on when the recipe has a PyTorch step).")
 @click.option("--max-drop", default=1.0, show_default=True, type=float,
               help="Quality gate: largest allowed top-1 drop, in percentage points.")
+@click.option("--min-token-agreement", default=0.9, show_default=True, type=float,
+              help="Quality gate for a language model: smallest allowed top-1 next-token agreement with the original.")
+@click.option("--max-perplexity-ratio", default=1.1, show_default=True, type=float,
+              help="Quality gate for a language model: largest allowed perplexity, as a multiple of the original's.")
 @click.option("--min-cosine", default=0.99, show_default=True, type=float,
               help="Quality gate without labels: smallest allowed cosine similarity to the original outputs.")
 @click.option("--input-shape", "input_shapes", multiple=True, help="NAME=D1,D2,... for dynamic inputs.")
@@ -44,7 +48,7 @@ from edgeopt.errors import BadInputError, QualityGateError
 @weight_options
 def compress(model, calibration, out, formats, precision, recipe, eval_data, max_drop, min_cosine, input_shapes,
              seed, json_out, quiet, target, validate_runs, validate_seconds, package_out, train_data, step_report,
-             **weight_args):
+             min_token_agreement, max_perplexity_ratio, **weight_args):
     """Compress MODEL (ONNX, OpenVINO IR, file.py:factory, TorchScript or .pt2) and write IR/ONNX to OUT."""
     from edgeopt import atomic
     from edgeopt.cli.streams import library_output
@@ -67,7 +71,9 @@ def compress(model, calibration, out, formats, precision, recipe, eval_data, max
                   else recipe_with_weights(recipe, precision, weights, parse_recipe))
     with library_output(quiet):
         result = run_compress(model, calibration, out=out, recipe=recipe_obj, formats=parse_formats(formats),
-                              eval_data=eval_data, gate=QualityGate(max_drop=max_drop / 100.0, min_cosine=min_cosine),
+                              eval_data=eval_data, gate=QualityGate(max_drop=max_drop / 100.0, min_cosine=min_cosine,
+                                                                min_token_agreement=min_token_agreement,
+                                                                max_perplexity_ratio=max_perplexity_ratio),
                               input_shapes=shapes, seed=seed, train_data=train_data, step_report=step_report,
                               quiet=quiet)
     report = result.describe()
