@@ -4,7 +4,8 @@ Activations stay in floating point; MatMul/Gather weights become INT8 (per chann
 ``group_size`` input channels) with FP16 scales. ``mode="auto"`` picks per model and device profile
 (``default_weight_compression``). Runs on the OpenVINO model and, when ONNX output is wanted, on the ONNX model
 (NNCF's ONNX backend writes INT8 as DequantizeLinear and INT4 as ONNX Runtime's MatMulNBits; INT4 asym is
-refused for ONNX because ONNX Runtime rejects the zero points NNCF writes for it).
+refused for ONNX because ONNX Runtime rejects the zero points NNCF writes for it, and GPTQ because NNCF's ONNX
+backend lacks it).
 """
 
 from __future__ import annotations
@@ -86,6 +87,9 @@ def weights(model: WorkingModel, ctx: PassContext, *, mode: str = "auto", group_
     if mode == "int4_asym" and model.onnx_model is not None:
         raise BadInputError("weights: int4_asym cannot be saved as ONNX (NNCF's ONNX backend writes MatMulNBits "
                             "zero points that ONNX Runtime rejects); use int4_sym, or --format openvino")
+    if gptq and model.onnx_model is not None:
+        raise BadInputError("weights: NNCF's ONNX backend has no GPTQ; use --format openvino, or awq / "
+                            "scale_estimation")
     uses_data = bool(data_aware) or sensitivity_metric in DATA_SENSITIVITY
     if sensitivity_metric is None and mode.startswith("int4"):  # NNCF's own default, made explicit for the report
         sensitivity_metric = "max_activation_variance" if uses_data else "weight_quantization_error"
