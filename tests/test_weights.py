@@ -132,7 +132,7 @@ def test_ratio_mixes_int4_with_backup_precision(source, token_data):
     unbacked = _compress(source, token_data, mode="int4_sym", group_size=32, ratio=1.0, backup_mode="none")
     by_type = openvino_weight_bytes(unbacked.ov_model).by_type
     assert not INT8 & set(by_type) and by_type.get("f32", 0) >= 2 * VOCAB * WIDTH * 4
-    assert unbacked.precision == "int4/int8 weights"
+    assert unbacked.precision == "int4/float weights"
 
 
 def test_data_aware_options_run_on_both_backends(source, token_data):
@@ -225,6 +225,7 @@ def test_auto_with_target_records_choice_and_validates(cli, tiny_lm, token_data,
     (["--weights", "int4_sym", "--gptq"], "NNCF's ONNX backend has no GPTQ"),
     (["--weights", "int8_asym", "--awq"], "awq apply to INT4 modes only"),
     (["--group-size", "32"], "--group-size: need --weights MODE"),
+    (["--weights", "auto", "--ratio", "0.5"], "(mode=auto chose int8_asym: transformer, no target profile"),
     (["--weights", "int8_sym", "--precision", "int8"], "give either --precision or --weights"),
 ])
 def test_bad_weight_options_exit_2(cli, tiny_lm, token_data, tmp_path, args, message):

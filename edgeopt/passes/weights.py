@@ -83,7 +83,10 @@ def weights(model: WorkingModel, ctx: PassContext, *, mode: str = "auto", group_
     elif target is not None:
         raise BadInputError("weights: 'target' only applies to mode=auto")
     data_aware = [name for name, on in (("awq", awq), ("scale_estimation", scale_estimation), ("gptq", gptq)) if on]
-    _check(mode, group_size, ratio, sensitivity_metric, data_aware, backup_mode, subset_size, group_fallback)
+    try:
+        _check(mode, group_size, ratio, sensitivity_metric, data_aware, backup_mode, subset_size, group_fallback)
+    except BadInputError as exc:
+        raise BadInputError(f"{exc} (mode=auto chose {mode}: {reason})" if reason else str(exc)) from None
     if mode == "int4_asym" and model.onnx_model is not None:
         raise BadInputError("weights: int4_asym cannot be saved as ONNX (NNCF's ONNX backend writes MatMulNBits "
                             "zero points that ONNX Runtime rejects); use int4_sym, or --format openvino")
@@ -103,7 +106,8 @@ def weights(model: WorkingModel, ctx: PassContext, *, mode: str = "auto", group_
         model.onnx_model = _compress(model.onnx_model, kwargs, "ONNX", skipped)
     int4 = mode.startswith("int4")
     mixed = int4 and ((ratio is not None and ratio < 1) or not all_layers)
-    model.precision = ("int4/int8" if mixed else "int4" if int4 else "int8") + " weights"
+    rest = "float" if backup_mode == "none" else "int8"
+    model.precision = (f"int4/{rest}" if mixed else "int4" if int4 else "int8") + " weights"
     model.notes.append(_describe(mode, group_size, ratio, sensitivity_metric, data_aware, all_layers, backup_mode,
                                  kwargs.get("subset_size") if uses_data else None, reason))
     model.notes.extend(skipped)
