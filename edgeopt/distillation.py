@@ -85,11 +85,12 @@ def evaluate_loss(student, teacher, data: TrainingSet, config: DistillConfig) ->
 
 
 def fine_tune(student, teacher, data: TrainingSet, config: DistillConfig, *, label: str = "distill",
-              quiet: bool = False, extra_loss: Callable | None = None) -> list[float]:
+              quiet: bool = False, extra_loss: Callable | None = None,
+              extra_groups: list[tuple[list, float]] = ()) -> list[float]:
     """Train ``student`` in place against ``teacher``; return the mean training loss of each epoch.
 
-    ``extra_loss()`` (e.g. a sparsity regulariser) is added to every batch's loss. Deterministic for a seed on the
-    same thread count.
+    ``extra_loss()`` (e.g. a sparsity regulariser) is added to every batch's loss; ``extra_groups`` trains some
+    parameters (e.g. sparsity masks) at their own learning rate. Deterministic for a seed on the same thread count.
     """
     import torch
 
@@ -98,10 +99,12 @@ def fine_tune(student, teacher, data: TrainingSet, config: DistillConfig, *, lab
     torch.manual_seed(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
     teacher.eval()
-    trainable = [p for p in student.parameters() if p.requires_grad]
+    grouped = {id(p) for params, _ in extra_groups for p in params}
+    trainable = [p for p in student.parameters() if p.requires_grad and id(p) not in grouped]
     if not trainable:
         raise BadInputError(f"{label}: the model has no trainable parameters")
-    optimizer = torch.optim.Adam(trainable, lr=config.lr)
+    optimizer = torch.optim.Adam([{"params": trainable}] + [{"params": params, "lr": lr} for params, lr in extra_groups],
+                                 lr=config.lr)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, max(config.epochs, 1))
     batches_per_epoch = -(-len(data) // config.batch_size)
     losses: list[float] = []

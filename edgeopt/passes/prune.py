@@ -61,12 +61,12 @@ def prune(model: WorkingModel, ctx: PassContext, *, ratio: float = 0.5, scope: s
           summary="Unstructured weight sparsity (nncf.prune: magnitude local/global or regularization-based)")
 def sparsify(model: WorkingModel, ctx: PassContext, *, ratio: float = 0.5, mode: str = "local",
              ignored_layers: list[str] | None = None, epochs: int = 2, lr: float = 1e-4, temperature: float = 4.0,
-             alpha: float = 0.7, batch_size: int = 64) -> None:
+             alpha: float = 0.7, batch_size: int = 64, mask_lr: float = 0.2) -> None:
     """Mask ``ratio`` of the weights (magnitude ``local`` per layer or ``global``), or learn the masks with a
-    sparsity regulariser (``regularization``); fine-tune against the original with the distillation loss for
-    ``epochs``, then strip the masks into the weights."""
+    sparsity regulariser (``regularization``, masks trained at ``mask_lr``); fine-tune against the original with
+    the distillation loss for ``epochs``, then strip the masks into the weights."""
     import nncf
-    import torch
+    from nncf.torch.function_hook.pruning.rb.algo import get_pruned_modules
     from nncf.torch.function_hook.pruning.rb.losses import RBLoss
 
     module = plain_module(model, "sparsify")
@@ -85,15 +85,16 @@ def sparsify(model: WorkingModel, ctx: PassContext, *, ratio: float = 0.5, mode:
     except nncf.ValidationError as exc:
         raise BadInputError(f"sparsify: {first_line(exc)}") from exc
     regulariser = RBLoss(masked, target_ratio=ratio) if mode == "regularization" else None
+    masks = [m.mask for m in get_pruned_modules(masked).values()] if regulariser else []
     config = distill_config(ctx, epochs=epochs, lr=lr, temperature=temperature, alpha=alpha, batch_size=batch_size)
     from edgeopt.distillation import fine_tune
 
     losses = fine_tune(masked, model.source.torch_module, training_set(model, ctx), config, label="sparsify",
-                       quiet=ctx.settings.get("quiet", False), extra_loss=regulariser)
+                       quiet=ctx.settings.get("quiet", False), extra_loss=regulariser,
+                       extra_groups=[(masks, float(mask_lr))] if masks else [])
     model.torch_module = nncf.strip(masked, do_copy=False, strip_format=nncf.StripFormat.IN_PLACE)
     zeros, total = _sparsity(model.torch_module, skip)
-    with torch.no_grad():
-        model.torch_module.eval()
+    model.torch_module.eval()
     model.notes.append(f"sparsify: {mode} target {ratio:g}, reached {zeros / max(total, 1):.3f} of prunable weights "
                        f"zero; fine-tuned {epochs} epoch(s), loss {_span(losses)}; weights stay dense (same shapes)")
 
