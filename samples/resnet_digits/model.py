@@ -1,8 +1,9 @@
 """A small ResNet-style CNN for scikit-learn's digits upscaled to 32x32: wide enough to be compute-bound on a CPU.
 
 ``build()`` is the factory edgeopt loads (``samples/resnet_digits/model.py:build``). Weights live in
-``resnet_digits.pt`` beside this file; when missing they are trained (``python samples/resnet_digits/train.py``,
-about half a minute on 2 CPU cores). Data: ``samples/resnet_digits/datasets.py:calib`` / ``:eval`` / ``:train``.
+``resnet_digits.pt`` beside this file, stored as FP16 to keep the repository small (the network runs in FP32 on
+those values); when missing they are trained (``python samples/resnet_digits/train.py``, one to two minutes on
+2 CPU cores). Data: ``samples/resnet_digits/datasets.py:calib`` / ``:eval`` / ``:train``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class BasicBlock(nn.Module):
 class ResNetDigits(nn.Module):
     """Stem, three stages (32x32 -> 16x16 -> 8x8, width w -> 2w -> 4w), global average pool, linear head."""
 
-    def __init__(self, width: int = 32, classes: int = 10):
+    def __init__(self, width: int = 48, classes: int = 10):
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(1, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
         self.stages = nn.Sequential(BasicBlock(width, width, 1), BasicBlock(width, 2 * width, 2),
@@ -54,7 +55,8 @@ def build() -> tuple[nn.Module, torch.Tensor]:
     if not WEIGHTS.is_file():
         _sibling("train").train_and_save()
     model = ResNetDigits()
-    model.load_state_dict(torch.load(WEIGHTS, map_location="cpu", weights_only=True))
+    state = torch.load(WEIGHTS, map_location="cpu", weights_only=True)
+    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
     return model.eval(), torch.zeros(1, 1, SIZE, SIZE)
 
 
