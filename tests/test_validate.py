@@ -163,3 +163,16 @@ def test_openvino_reports_its_own_request_time_beside_wall_clock(tiny_ir):
     assert own is not None and own.runs == report.latency.runs
     assert 0 < own.p50_ms <= report.latency.p50_ms  # the runtime's time is inside the Python call's
     assert report.to_dict()["runtime_latency_ms"]["p50_ms"] == own.p50_ms
+
+
+def test_isa_cap_that_leaves_no_kernel_is_dropped_and_said(cli, tiny_factory, tiny_calib, tmp_path):
+    """OpenVINO picks compressed-weight kernels by the real CPU; under a oneDNN AVX2 cap it may find none.
+    Validation must still measure (with the host's ISA) and say the cap was dropped, not fail as bad input."""
+    out = tmp_path / "w8"
+    assert cli("compress", tiny_factory, "--calib", tiny_calib, "--weights", "int8_asym", "--format", "openvino",
+               "--out", out, "--quiet").exit_code == 0
+    report = validate_artifact(out / "model.xml", RuntimeSettings(threads=1), Budgets(), runs=5, min_seconds=0,
+                               emulation_note="emulated", max_isa="AVX2")
+    assert report.latency.runs >= 5
+    capped_ok = report.emulation_note == "emulated"
+    assert capped_ok or any("ISA cap was dropped" in note for note in report.notes)

@@ -138,10 +138,21 @@ def validate_artifact(model_path: str | Path, settings: RuntimeSettings, budgets
                "min_seconds": min_seconds, "input_shapes": {k: list(v) for k, v in (input_shapes or {}).items()},
                "cpus": list(cpus) if cpus else None}
     load_before = _load_average()
-    result = _run_probe(request, max_isa, timeout)
+    notes = list(notes)
+    try:
+        result = _run_probe(request, max_isa, timeout)
+    except BadInputError as exc:
+        if not max_isa:
+            raise
+        # OpenVINO picks some kernels (e.g. for compressed weights) by the real CPU, so a oneDNN cap can leave
+        # no implementation at all; measure with the host's ISA rather than not at all, and say so.
+        result = _run_probe(request, None, timeout)
+        notes.append(f"the {max_isa} ISA cap was dropped for this model: OpenVINO could not compile it with oneDNN "
+                     f"capped ({exc}); measured with this host's full ISA, so latency reads lower than on the device")
+        emulation_note = f"{emulation_note}; ISA cap dropped for this model (see notes)" if emulation_note else None
     host = host_info().describe()
     load = max(load_before, _load_average())
-    notes = list(notes) + _precision_notes(settings, result["effective_settings"]) + _load_notes(load, host)
+    notes += _precision_notes(settings, result["effective_settings"]) + _load_notes(load, host)
     report = ValidationReport(
         artifact=str(path), files=artifact_files(path), settings=settings,
         effective_settings=result["effective_settings"], runtime_version=result["runtime_version"],
