@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -49,19 +50,19 @@ def print_compress_result(result) -> None:
 
 
 def print_step_report(report, out: Console) -> None:
-    """One row per recipe step: what it cost and what it bought, each ratio against the original."""
+    """One row per recipe step: what it cost and what it bought; "smaller" and "faster" compare with the original."""
     how = report.describe()["measured_with"]
-    table = Table(title="after each step")
-    for column in ("step", "precision", "params", "MACs", "IR size", "top-1", "cosine", "p50 latency", "speed-up"):
-        table.add_column(column, justify="left" if column in ("step", "precision") else "right")
+    table = Table(title="after each step", box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in ("step", "prec", "params", "MACs", "IR size", "smaller", "top-1", "cosine", "p50 ms", "faster"):
+        table.add_column(column, justify="left" if column in ("step", "prec") else "right", no_wrap=True)
     first = report.rows[0]
     for row in report.rows:
         table.add_row(row.step, row.precision, _count(row.params), _count(row.macs),
-                      f"{format_bytes(row.ir_bytes)} ({first.ir_bytes / row.ir_bytes:.2f}x)",
+                      format_bytes(row.ir_bytes), f"{first.ir_bytes / row.ir_bytes:.2f}x",
                       "-" if row.top1 is None else f"{row.top1 * 100:.2f}%",
-                      "-" if row.cosine is None else f"{row.cosine:.5f}", f"{row.p50_ms:.3f} ms",
+                      "-" if row.cosine is None else f"{row.cosine:.4f}", f"{row.p50_ms:.3f}",
                       f"{first.p50_ms / row.p50_ms:.2f}x")
-    out.print(table)
+    Console(highlight=False, width=max(out.width, 120)).print(table)  # ten columns: never squeeze into 80
     out.print(f"latency: {how['latency']}; threads={report.settings.threads}, inference precision "
               f"{report.settings.inference_precision}; host {how['host_cpu']}; quality: {how['quality']}")
 

@@ -5,6 +5,7 @@ the dense shapes (smaller only once compressed, faster only on a runtime that ex
 
 from __future__ import annotations
 
+from edgeopt.distillation import fine_tune
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.passes import PassContext, WorkingModel, register
 from edgeopt.passes.distill import distill_config, plain_module, training_set
@@ -87,8 +88,6 @@ def sparsify(model: WorkingModel, ctx: PassContext, *, ratio: float = 0.5, mode:
     regulariser = RBLoss(masked, target_ratio=ratio) if mode == "regularization" else None
     masks = [m.mask for m in get_pruned_modules(masked).values()] if regulariser else []
     config = distill_config(ctx, epochs=epochs, lr=lr, temperature=temperature, alpha=alpha, batch_size=batch_size)
-    from edgeopt.distillation import fine_tune
-
     losses = fine_tune(masked, model.source.torch_module, training_set(model, ctx), config, label="sparsify",
                        quiet=ctx.settings.get("quiet", False), extra_loss=regulariser,
                        extra_groups=[(masks, float(mask_lr))] if masks else [])
