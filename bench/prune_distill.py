@@ -21,6 +21,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from edgeopt.cli.streams import library_output  # noqa: E402
 from edgeopt.device.host import host_info  # noqa: E402
 from edgeopt.device.measure import time_inferences  # noqa: E402
 from edgeopt.device.runtime import OpenVINOSession, RuntimeSettings, random_feeds, runtime_version  # noqa: E402
@@ -42,9 +43,11 @@ def run_sample(name: str, folder: Path, settings: RuntimeSettings, rounds: int, 
     paths = SAMPLES[name]
     results = {}
     for label, recipe in VARIANTS.items():
-        results[label] = compress(f"{paths['model']}:build", paths["calib"], out=folder / name / label.replace("+", "_"),
-                                  recipe=recipe, formats=("openvino",), eval_data=paths["eval"],
-                                  train_data=paths["train"], quiet=True)
+        with library_output(quiet=False):  # NNCF's progress bars to stderr: stdout carries the table
+            results[label] = compress(f"{paths['model']}:build", paths["calib"],
+                                      out=folder / name / label.replace("+", "_"), recipe=recipe,
+                                      formats=("openvino",), eval_data=paths["eval"], train_data=paths["train"],
+                                      quiet=True)
     sessions = {label: OpenVINOSession(r.artifacts[0].path, settings) for label, r in results.items()}
     feeds = random_feeds(next(iter(sessions.values())).inputs)
     timings: dict[str, list[float]] = {label: [] for label in sessions}
