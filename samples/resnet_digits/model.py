@@ -38,7 +38,7 @@ class BasicBlock(nn.Module):
 class ResNetDigits(nn.Module):
     """Stem, three stages (32x32 -> 16x16 -> 8x8, width w -> 2w -> 4w), global average pool, linear head."""
 
-    def __init__(self, width: int = 48, classes: int = 10):
+    def __init__(self, width: int = 56, classes: int = 10):
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(1, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
         self.stages = nn.Sequential(BasicBlock(width, width, 1), BasicBlock(width, 2 * width, 2),
