@@ -140,6 +140,6 @@ def test_distill_on_a_torchscript_model_is_a_clear_error(tmp_path, tiny_calib):
         distill(model, ctx)
 
 
-def test_sample_set_without_labels_trains_with_mse(tiny_torch):
+def test_sample_set_without_labels_gives_no_training_labels():
     data = SampleSet([{"input": np.zeros((1, 1, 8, 8), np.float32)}] * 4, None, "zeros")
     assert TrainingSet.from_samples(data, ["input"]).labels is None
