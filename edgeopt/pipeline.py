@@ -39,7 +39,7 @@ class CompressResult:
     notes: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
     eval_settings: RuntimeSettings = EVAL_SETTINGS
-    fp32_ir_bytes: int | None = None  # size of the uncompressed FP32 OpenVINO IR, for size ratios
+    fp32_ir_bytes: int | None = None  # size of the original model as FP32 OpenVINO IR, for size ratios
     fp32_weight_bytes: WeightBytes | None = None  # weight constants of the FP32 OpenVINO model
     weight_bytes: dict[str, WeightBytes] = field(default_factory=dict)  # per artifact format, as saved
     steps: StepReport | None = None  # figures after each recipe step
@@ -51,7 +51,7 @@ class CompressResult:
     def describe(self) -> dict:
         return {
             "recipe": self.recipe.describe(),
-            "steps": [{"name": s.name, "params": s.params} for s in self.recipe.steps],
+            "recipe_steps": [{"name": s.name, "params": s.params} for s in self.recipe.steps],
             "notes": self.notes,
             "artifacts": [a.describe(relative_to=self.out) for a in self.artifacts],
             "fp32_ir_bytes": self.fp32_ir_bytes,
@@ -117,8 +117,8 @@ def compress(model: str | Path, calibration: str | Path, *, out: str | Path, rec
 def _run_recipe(source: SourceModel, recipe: Recipe, calib: SampleSet, formats: tuple[str, ...], seed: int,
                 timer: "_Timer", evaluation: SampleSet | None = None, *, train: SampleSet | None = None,
                 quiet: bool = False, observe: StepRecorder | None = None) -> tuple[WorkingModel, int, WeightBytes]:
-    """Run torch steps, convert, run graph steps; also return the FP32 IR size and weight bytes before graph
-    steps."""
+    """Run torch steps, convert, run graph steps; also return the original model's FP32 IR size and weight
+    bytes."""
     torch_steps = [s for s in recipe.steps if get_pass(s.name).stage == "torch"]
     graph_steps = [s for s in recipe.steps if get_pass(s.name).stage == "graph"]
     if torch_steps and source.kind != "torch":
@@ -150,8 +150,11 @@ def _run_recipe(source: SourceModel, recipe: Recipe, calib: SampleSet, formats: 
             working.ov_model = source.openvino_model()
             if "onnx" in formats:
                 working.onnx_model = source.onnx_model()
-    fp32_ir_bytes = ir_bytes(working.ov_model, compress_to_fp16=False)
-    fp32_weights = openvino_weight_bytes(working.ov_model)
+    # Size baselines are the original model's, not the model after pruning.
+    original_ov = working.ov_model if not torch_steps else to_openvino(source.torch_module, source.example_input,
+                                                                       source.input_names)
+    fp32_ir_bytes = ir_bytes(original_ov, compress_to_fp16=False)
+    fp32_weights = openvino_weight_bytes(original_ov)
     for step in graph_steps:
         with timer(step.name):
             run_step(step, working, ctx)

@@ -127,4 +127,9 @@ def test_cli_prune_distill_int8_step_report(cli, tiny_factory, tiny_calib, tmp_p
     assert max(rows["prune"]["ir_bytes"], rows["distill"]["ir_bytes"]) < rows["original"]["ir_bytes"]
     assert rows["int8"]["precision"] == "int8" and all(row["p50_ms"] > 0 for row in rows.values())
     assert steps["measured_with"]["settings"]["inference_precision"] == "f32"
-    assert json.loads((tmp_path / "out" / "report.json").read_text())["steps"]["rows"] == steps["rows"]
+    saved = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert saved["steps"]["rows"] == steps["rows"]
+    # size ratios are against the original model, not the pruned one
+    assert saved["fp32_ir_bytes"] == pytest.approx(rows["original"]["ir_bytes"], rel=0.01)
+    assert saved["fp32_ir_bytes"] > rows["prune"]["ir_bytes"]
+    assert [s["name"] for s in saved["recipe_steps"]] == ["prune", "distill", "int8"]
