@@ -12,8 +12,6 @@ Supported sources:
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -22,6 +20,7 @@ import numpy as np
 
 from edgeopt.device.runtime import TensorSpec, format_shape
 from edgeopt.errors import BadInputError, first_line
+from edgeopt.user_code import call, is_function_spec, load_function
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 _SINGLE_INPUT_KEYS = ("x", "input", "inputs", "data", "images")
@@ -84,8 +83,8 @@ class Preprocess:
 def load_samples(spec: str | Path, inputs: list[TensorSpec]) -> SampleSet:
     """Load ``spec`` as samples matching ``inputs``; an empty or mismatched set is a ``BadInputError``."""
     text = str(spec)
-    head, sep, func = text.rpartition(":")
-    if sep and head.endswith(".py") and func.isidentifier():
+    if is_function_spec(text):
+        head, _, func = text.rpartition(":")
         raw, labels = _from_hook(Path(head), func, inputs)
     else:
         path = Path(text)
@@ -199,19 +198,8 @@ def _from_images(folder: Path, inputs: list[TensorSpec]):
 
 
 def _from_hook(path: Path, func: str, inputs: list[TensorSpec]):
-    if not path.is_file():
-        raise BadInputError(f"{path}: no such data hook file")
-    name = f"edgeopt_data_{path.stem}_{abs(hash(path.resolve()))}"
-    try:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-        items = list(getattr(module, func)())
-    except AttributeError:
-        raise BadInputError(f"{path}: has no function '{func}'") from None
-    except Exception as exc:
-        raise BadInputError(f"{path}:{func} failed ({first_line(exc)})") from exc
+    hook = load_function(path, func, "data hook")
+    items = call(path, func, lambda: list(hook()))
     samples, labels = [], []
     for item in items:
         label = None

@@ -7,8 +7,6 @@ leaves them dynamic.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +16,7 @@ import numpy as np
 
 from edgeopt.device.runtime import TensorSpec, format_shape
 from edgeopt.errors import BadInputError, first_line
+from edgeopt.user_code import call, is_function_spec, load_function
 
 TORCH_ARCHIVE_SUFFIXES = (".pt", ".pth", ".pt2", ".ts", ".torchscript")
 
@@ -69,7 +68,7 @@ def load_model(spec: str | Path, input_shapes: dict[str, tuple[int, ...]] | None
     """Load ``spec`` and resolve static input specs; every failure is a one-line ``BadInputError``."""
     input_shapes = input_shapes or {}
     text = str(spec)
-    path_text, _, factory = text.rpartition(":") if _is_factory_spec(text) else (text, "", "")
+    path_text, _, factory = text.rpartition(":") if is_function_spec(text) else (text, "", "")
     path = Path(path_text)
     if not path.exists():
         raise BadInputError(f"{path}: no such model file")
@@ -151,11 +150,6 @@ def _output_names(module, example_input) -> list[str]:
     return ["output"] if count == 1 else [f"output{i}" for i in range(count)]
 
 
-def _is_factory_spec(text: str) -> bool:
-    head, sep, tail = text.rpartition(":")
-    return bool(sep) and head.endswith(".py") and tail.isidentifier()
-
-
 def _load_onnx(path: Path, input_shapes: dict) -> SourceModel:
     import onnx
 
@@ -194,21 +188,7 @@ def _load_openvino(path: Path, input_shapes: dict) -> SourceModel:
 
 
 def _load_torch_factory(path: Path, factory: str, input_shapes: dict) -> SourceModel:
-    module_name = f"edgeopt_user_{path.stem}_{abs(hash(path.resolve()))}"
-    try:
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        user_module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = user_module
-        spec.loader.exec_module(user_module)
-    except Exception as exc:
-        raise BadInputError(f"{path}: cannot import ({first_line(exc)})") from exc
-    builder = getattr(user_module, factory, None)
-    if not callable(builder):
-        raise BadInputError(f"{path}: has no function '{factory}'")
-    try:
-        built = builder()
-    except Exception as exc:
-        raise BadInputError(f"{path}:{factory} failed ({first_line(exc)})") from exc
+    built = call(path, factory, load_function(path, factory, "model factory"))
     if not (isinstance(built, tuple) and len(built) == 2):
         raise BadInputError(f"{path}:{factory} must return (module, example_input)")
     module, example = built

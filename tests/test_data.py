@@ -96,3 +96,10 @@ def test_nncf_dataset_feeds_by_name(tmp_path):
     np.save(path, np.zeros((2, 3, 6, 4), np.float32))
     items = list(load_samples(path, IMAGE).to_nncf().get_inference_data())
     assert len(items) == 2 and set(items[0]) == {"input"}
+
+
+def test_attribute_error_inside_a_hook_is_reported_as_such(tmp_path):
+    hook = tmp_path / "hook.py"
+    hook.write_text("def data():\n    return None.shape\n")
+    with pytest.raises(BadInputError, match="hook.py:data failed .*'NoneType' object has no attribute"):
+        load_samples(f"{hook}:data", IMAGE)

@@ -1,0 +1,42 @@
+"""Run user-supplied Python (``file.py:function`` specs for model factories and data hooks)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from edgeopt.errors import BadInputError, first_line
+
+
+def is_function_spec(text: str) -> bool:
+    """True for ``something.py:identifier``."""
+    head, sep, tail = text.rpartition(":")
+    return bool(sep) and head.endswith(".py") and tail.isidentifier()
+
+
+def load_function(path: Path, name: str, what: str) -> Callable:
+    """Import the Python file ``path`` and return its function ``name``; every failure is a ``BadInputError``."""
+    if not path.is_file():
+        raise BadInputError(f"{path}: no such {what} file")
+    module_name = f"edgeopt_user_{path.stem}_{abs(hash(path.resolve()))}"
+    try:
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise BadInputError(f"{path}: cannot import ({first_line(exc)})") from exc
+    function = getattr(module, name, None)
+    if not callable(function):
+        raise BadInputError(f"{path}: has no function '{name}'")
+    return function
+
+
+def call(path: Path, name: str, function: Callable):
+    """Call a user function; an exception inside it becomes a one-line ``BadInputError``."""
+    try:
+        return function()
+    except Exception as exc:
+        raise BadInputError(f"{path}:{name} failed ({first_line(exc)})") from exc
