@@ -141,6 +141,24 @@ def test_impossible_profile_exits_4_naming_the_closest_candidate(tiny_factory, t
     assert not list(out.glob("*.xml"))
 
 
+def test_a_passing_baseline_still_tries_the_cheap_wins(tiny_factory, tiny_calib, tmp_path, monkeypatch):
+    """FP32 meeting every budget is no reason to stop: the fastest passing precision is chosen, measured."""
+    (tmp_path / "roomy.toml").write_text('extends = "digits-tight"\ndescription = "everything fits"\n'
+                                         "[budgets]\nmax_file_mb = 50\n")
+    monkeypatch.setenv("EDGEOPT_TARGETS", str(tmp_path))
+    result = optimize(tiny_factory, "--target", "roomy", "--calib", tiny_calib, "--eval", tiny_calib, "--out",
+                      tmp_path / "out", "--cache", tmp_path / "cache", "--max-drop", "100")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    by_label = {c["label"]: c for c in report["candidates"]}
+    assert by_label["fp32"]["passed"]
+    assert report["stages_run"] == ["baseline", "cheap wins"]
+    passing = [c for c in report["candidates"] if c["passed"]]
+    assert {c["label"] for c in passing} >= {"fp32", "int8"}
+    chosen = by_label[report["chosen"]]
+    assert all(chosen["figures"]["p50_ms"] <= c["figures"]["p50_ms"] * 1.03 for c in passing)
+
+
 def test_nothing_within_the_gate_exits_3(tiny_factory, tmp_path, monkeypatch):
     """Without labels the gate compares outputs; a cosine of 1.0 cannot be met by any INT8 model."""
     rng = np.random.default_rng(1)

@@ -11,7 +11,7 @@ from edgeopt.recipe import Recipe, Step
 from edgeopt.targets import MODEL_PRECISIONS
 
 DEFAULT_PLAN = Path(__file__).with_name("plan.toml")
-_STAGE_KEYS = {"name", "summary", "candidate"}
+_STAGE_KEYS = {"name", "summary", "candidate", "stop_when_passed"}
 _CANDIDATE_KEYS = {"label", "precision", "steps", "if_gate_failed"}
 
 
@@ -28,6 +28,7 @@ class Stage:
     name: str
     summary: str
     candidates: tuple[PlannedCandidate, ...]
+    stop_when_passed: bool = True  # False: go on to the next stage even when a candidate already passes
 
 
 def load_plan(path: str | Path | None = None) -> tuple[Stage, ...]:
@@ -56,7 +57,10 @@ def load_plan(path: str | Path | None = None) -> tuple[Stage, ...]:
                 raise BadInputError(f"{path}: {label}: precision must be one of {', '.join(MODEL_PRECISIONS)}")
             candidates.append(PlannedCandidate(label, item["precision"], _recipe(path, label, item["steps"]),
                                                tuple(item.get("if_gate_failed", ()))))
-        stages.append(Stage(table["name"], table.get("summary", ""), tuple(candidates)))
+        stop = table.get("stop_when_passed", True)
+        if not isinstance(stop, bool):
+            raise BadInputError(f"{path}: stage '{table['name']}': stop_when_passed must be true or false")
+        stages.append(Stage(table["name"], table.get("summary", ""), tuple(candidates), stop))
     for stage in stages:
         for candidate in stage.candidates:
             unknown = set(candidate.if_gate_failed) - labels

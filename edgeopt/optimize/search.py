@@ -1,7 +1,7 @@
 """Search the plan's stages for the artifact that meets every budget of a device profile and the quality gate.
 
-Stages run in the plan's order; the search stops after the first stage at whose end some candidate passes,
-and picks among all passing candidates by the objective. Built artifacts and measurements are cached.
+Stages run in the plan's order; the search stops after the first stage at whose end some candidate passes
+(unless the stage says ``stop_when_passed = false``), and picks among all passing candidates by the objective. Built artifacts and measurements are cached.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def search(model: str, calibration: str, eval_data: str, target: Target, *, gate
             if not candidate.skipped:
                 builder.measure(candidate)
             progress(candidate, "done")
-        if any(c.passed for c in candidates):
+        if stage.stop_when_passed and any(c.passed for c in candidates):
             break
     result = OptimizeResult(target, gate, objective, measuring, candidates, stages_run,
                             choose(candidates, objective), closest(candidates),
