@@ -46,11 +46,28 @@ def main() -> None:
     _quiet_libraries()
 
 
+# Loggers whose chatter is not for a CLI user, and the lowest level still shown. Filters, not levels: these
+# libraries reset their loggers' levels when they are imported, which happens later and lazily.
+_LIBRARY_LOG_FLOORS = {"nncf": logging.WARNING, "torchao": logging.ERROR, "torch.utils._pytree": logging.ERROR,
+                       "torch": logging.ERROR}
+
+
 def _quiet_libraries() -> None:
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    logging.getLogger("nncf").setLevel(logging.ERROR)
-    logging.getLogger("torch").setLevel(logging.ERROR)
+    for name, floor in _LIBRARY_LOG_FLOORS.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _LevelFloor) for f in logger.filters):
+            logger.addFilter(_LevelFloor(floor))
+
+
+class _LevelFloor(logging.Filter):
+    def __init__(self, floor: int):
+        super().__init__()
+        self.floor = floor
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= self.floor
 
 
 def _register() -> None:
