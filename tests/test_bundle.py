@@ -202,9 +202,11 @@ def test_compress_package_writes_a_verified_bundle(tmp_path, tiny_factory, tiny_
     target = loose_target(tmp_path_factory)
     out, bundle = tmp_path / "out", tmp_path / "tiny.tar.gz"
     result = cli("compress", tiny_factory, "--calib", tiny_calib, "--out", out, "--target", target,
-                 "--validate-runs", "20", "--validate-seconds", "0", "--package", bundle, "--quiet")
+                 "--validate-runs", "20", "--validate-seconds", "0", "--package", bundle, "--build-id", "fw-7",
+                 "--quiet")
     assert result.exit_code == 0, result.output
     manifest = open_bundle(bundle).manifest
+    assert manifest["build_id"] == "fw-7"
     assert manifest["models"][0]["precision"] == "int8" and manifest["validation"]["passed"]
     saved = json.loads((out / "report.json").read_text())["validation"]["reports"][0]
     assert manifest["validation"]["checks"] == saved["checks"]  # the validation compress ran, not a second one

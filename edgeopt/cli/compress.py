@@ -41,12 +41,14 @@ from edgeopt.errors import BadInputError, QualityGateError
               help="With --target: keep timing at least this long.")
 @click.option("--package", "package_out", default=None, type=click.Path(dir_okay=False),
               help="With --target: also write a device bundle (.tar.gz) of the validated artifact.")
+@click.option("--build-id", default=None, help="With --package: an identifier recorded in the bundle's manifest.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--json", "json_out", default=None, help="Write the report as JSON to this file ('-' for stdout).")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 @weight_options
 def compress(model, calibration, out, formats, precision, recipe, eval_data, max_drop, min_cosine, input_shapes,
-             seed, json_out, quiet, target, validate_runs, validate_seconds, package_out, train_data, step_report,
+             seed, json_out, quiet, target, validate_runs, validate_seconds, package_out, build_id, train_data,
+             step_report,
              min_token_agreement, max_perplexity_ratio, **weight_args):
     """Compress MODEL (ONNX, OpenVINO IR, file.py:factory, TorchScript or .pt2) and write IR/ONNX to OUT."""
     from edgeopt import atomic
@@ -92,7 +94,7 @@ def compress(model, calibration, out, formats, precision, recipe, eval_data, max
     if package_out:
         from edgeopt.packaging import package
 
-        bundle = package(result.out, profile, package_out, report=validations[0].to_dict())
+        bundle = package(result.out, profile, package_out, report=validations[0].to_dict(), build_id=build_id)
         if not quiet and json_out != "-":
             click.echo(f"{bundle.path}: {bundle.bytes} bytes, sha256 {bundle.sha256}")
 
