@@ -142,3 +142,29 @@ def test_python_api(tmp_path, tiny_onnx, tiny_calib):
     assert [a.format for a in result.artifacts] == ["openvino"]
     assert result.artifacts[0].path == tmp_path / "api" / "model.xml" and result.artifacts[0].path.is_file()
     assert result.quality_passed and result.qualities["openvino"].fidelity.cosine > 0.999
+
+
+def test_int8_recipe_file_sets_preset_subset_and_ignored_scope(cli, tmp_path, tiny_onnx, tiny_calib):
+    import openvino as ov
+
+    names = [op.get_friendly_name() for op in ov.Core().read_model(str(tiny_onnx)).get_ops()
+             if op.get_type_name() == "MatMul"]
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(f'[[step]]\nname = "int8"\npreset = "mixed"\nsubset_size = 16\nignored_scope = ["{names[0]}"]\n')
+    out = tmp_path / "out"
+    result = cli("compress", tiny_onnx, "--calib", tiny_calib, "--recipe", recipe, "--format", "openvino", "--out",
+                 out, "--json", tmp_path / "r.json", "--quiet")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["recipe_steps"] == [{"name": "int8", "params": {"preset": "mixed", "subset_size": 16,
+                                                                  "ignored_scope": [names[0]]}}]
+    assert "preset=mixed, subset=16" in report["notes"][0]
+    model = ov.Core().read_model(str(out / "model.xml"))
+    quantized_inputs = {op.input_value(1).get_node().get_type_name() for op in model.get_ops()
+                        if op.get_friendly_name() == names[0]}
+    assert "FakeQuantize" not in quantized_inputs  # the ignored layer keeps float weights
+    assert any(op.get_type_name() == "FakeQuantize" for op in model.get_ops())  # the rest is quantized
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[step]]\nname = "int8"\nturbo = true\n')
+    result = cli("compress", tiny_onnx, "--calib", tiny_calib, "--recipe", bad, "--out", tmp_path / "o2")
+    assert result.exit_code == 2 and "unknown parameter(s) turbo" in result.stderr
