@@ -78,7 +78,7 @@ class ValidationReport:
                 f"inference precision={eff.get('inference_precision')}")
         if not where:
             return text
-        return f"{text}; {self.emulation_note or 'on the device itself (' + self.host['cpu_model'] + ')'}"
+        return f"{text}; {self.emulation_note or 'on this host (' + self.host['cpu_model'] + ')'}"
 
     def to_dict(self) -> dict:
         return {
