@@ -8,7 +8,6 @@ import numpy as np
 
 from edgeopt.data import SampleSet
 from edgeopt.device.runtime import RuntimeSettings, open_session
-from edgeopt.errors import QualityGateError
 
 
 @dataclass(frozen=True)
@@ -30,6 +29,13 @@ class Quality:
 
     def describe(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Quality":
+        """The inverse of ``describe`` (reports read back from a cache)."""
+        fidelity, tokens = data.get("fidelity"), data.get("tokens")
+        return cls(data["name"], data.get("top1"), Fidelity(**fidelity) if fidelity else None,
+                   TokenFidelity(**tokens) if tokens else None)
 
 
 @dataclass(frozen=True)
@@ -56,11 +62,6 @@ class QualityGate:
             return verdict
         ok, message = candidate.tokens.check(self.min_token_agreement, self.max_perplexity_ratio)
         return verdict[0] and ok, f"{verdict[1]}; {message}"
-
-    def enforce(self, reference: Quality, candidates: list[Quality]) -> None:
-        failures = [f"{c.name}: {msg}" for c in candidates for ok, msg in [self.check(reference, c)] if not ok]
-        if failures:
-            raise QualityGateError("quality gate failed: " + "; ".join(failures))
 
 
 def first_outputs(predict, samples: SampleSet) -> np.ndarray:

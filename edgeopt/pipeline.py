@@ -13,7 +13,7 @@ from pathlib import Path
 from edgeopt import atomic
 from edgeopt.data import SampleSet, load_samples
 from edgeopt.device.host import host_info
-from edgeopt.device.runtime import RuntimeSettings, runtime_version
+from edgeopt.device.runtime import RuntimeSettings
 from edgeopt.errors import BadInputError
 from edgeopt.evaluate import (Quality, QualityGate, first_outputs, language_model_ids, measure_quality,
                               session_predictor, torch_predictor)
@@ -22,6 +22,7 @@ from edgeopt.passes import PassContext, WorkingModel, get_pass, run_step
 from edgeopt.recipe import Recipe, parse_recipe
 from edgeopt.source import SourceModel, load_model, to_onnx, to_openvino
 from edgeopt.step_report import StepRecorder, StepReport
+from edgeopt.versions import tool_versions
 from edgeopt.weight_bytes import WeightBytes, artifact_weight_bytes, openvino_weight_bytes
 
 EVAL_SETTINGS = RuntimeSettings(inference_precision="f32", threads=None)
@@ -44,6 +45,12 @@ class CompressResult:
     weight_bytes: dict[str, WeightBytes] = field(default_factory=dict)  # per artifact format, as saved
     steps: StepReport | None = None  # figures after each recipe step
 
+    def settings_for(self, runtime: str) -> RuntimeSettings:
+        """How artifacts of ``runtime`` are run for evaluation (ONNX Runtime has no precision or hint)."""
+        if runtime == "openvino":
+            return self.eval_settings
+        return RuntimeSettings(runtime=runtime, inference_precision=None, performance_hint=None)
+
     @property
     def quality_passed(self) -> bool:
         return all(ok for ok, _ in self.gate_results.values())
@@ -58,7 +65,7 @@ class CompressResult:
             "weight_bytes": {"fp32_openvino": self.fp32_weight_bytes.describe() if self.fp32_weight_bytes else None,
                              **{k: v.describe() for k, v in self.weight_bytes.items()}},
             "quality": {
-                "evaluated_with": self.eval_settings.describe(),
+                "evaluated_with": {a.format: self.settings_for(a.runtime).describe() for a in self.artifacts},
                 "gate": {"max_top1_drop": self.gate.max_drop, "min_cosine": self.gate.min_cosine,
                          "language_model": {"min_token_agreement": self.gate.min_token_agreement,
                                             "max_perplexity_ratio": self.gate.max_perplexity_ratio}},
@@ -68,7 +75,7 @@ class CompressResult:
                 "passed": self.quality_passed,
             },
             "host": host_info().describe(),
-            "versions": _versions(),
+            "versions": tool_versions(),
             "steps": self.steps.describe() if self.steps else None,
         }
 
@@ -130,8 +137,7 @@ def _run_recipe(source: SourceModel, recipe: Recipe, calib: SampleSet, formats: 
     if "qat" in recipe.names and graph_steps:
         raise BadInputError(f"recipe '{recipe.describe()}': qat already quantizes the model to INT8; drop "
                             f"{', '.join(s.name for s in graph_steps)} after it")
-    ctx = PassContext(calibration=calib, seed=seed, want_onnx="onnx" in formats, evaluation=evaluation, train=train,
-                      settings={"quiet": quiet})
+    ctx = PassContext(calibration=calib, seed=seed, evaluation=evaluation, train=train, quiet=quiet)
     working = WorkingModel(source, torch_module=copy.deepcopy(source.torch_module) if source.kind == "torch" else None)
     observe = observe or (lambda label, model: None)
     with timer("step report"):
@@ -170,8 +176,7 @@ def _evaluate(result: CompressResult, source: SourceModel, evaluation: SampleSet
     token_ids = language_model_ids(original, evaluation)
     result.reference = measure_quality("original", reference_outputs, evaluation.labels, None)
     for artifact in result.artifacts:
-        settings = result.eval_settings if artifact.runtime == "openvino" else RuntimeSettings(runtime="onnxruntime")
-        outputs = first_outputs(session_predictor(artifact.path, settings), evaluation)
+        outputs = first_outputs(session_predictor(artifact.path, result.settings_for(artifact.runtime)), evaluation)
         quality = measure_quality(artifact.format, outputs, evaluation.labels, reference_outputs, token_ids)
         result.qualities[artifact.format] = quality
         result.gate_results[artifact.format] = result.gate.check(result.reference, quality)
@@ -193,18 +198,6 @@ def _original_predictor(source: SourceModel, settings: RuntimeSettings):
     if source.kind == "onnx":
         return session_predictor(source.path, RuntimeSettings(runtime="onnxruntime"))
     return session_predictor(source.path, settings)
-
-
-def _versions() -> dict:
-    import nncf
-    import onnx
-    import torch
-
-    from edgeopt import __version__
-
-    return {"edgeopt": __version__, "openvino": runtime_version("openvino"),
-            "onnxruntime": runtime_version("onnxruntime"), "nncf": nncf.__version__, "onnx": onnx.__version__,
-            "torch": torch.__version__}
 
 
 class _Timer:

@@ -19,6 +19,11 @@ def format_bytes(count: int) -> str:
     raise AssertionError("unreachable")
 
 
+def size_ratio(reference: int, size: int) -> str:
+    """``3.51x smaller`` / ``1.02x larger``: how ``size`` compares with ``reference``."""
+    return f"{reference / size:.2f}x smaller" if size <= reference else f"{size / reference:.2f}x larger"
+
+
 def print_compress_result(result) -> None:
     out = console()
     out.print(f"recipe: {result.recipe.describe()}")
@@ -35,14 +40,14 @@ def print_compress_result(result) -> None:
         quality = result.qualities.get(artifact.format)
         top1 = f"{quality.top1 * 100:.2f}%" if quality and quality.top1 is not None else "-"
         cosine = f"{quality.fidelity.cosine:.5f}" if quality and quality.fidelity else "-"
-        ratio = f"{result.fp32_ir_bytes / artifact.bytes:.2f}x smaller" if result.fp32_ir_bytes else "-"
+        ratio = size_ratio(result.fp32_ir_bytes, artifact.bytes) if result.fp32_ir_bytes else "-"
         gate = result.gate_results.get(artifact.format)
         verdict = "-" if gate is None else ("PASS: " if gate[0] else "FAIL: ") + gate[1]
         table.add_row(artifact.path.name, artifact.precision, format_bytes(artifact.bytes), ratio, top1, cosine, verdict)
     out.print(table)
     fp32_weights = result.fp32_weight_bytes
     for fmt, weights in result.weight_bytes.items():
-        ratio = f", {fp32_weights.total / weights.total:.2f}x smaller than FP32 ({format_bytes(fp32_weights.total)})" \
+        ratio = f", {size_ratio(fp32_weights.total, weights.total)} than FP32 ({format_bytes(fp32_weights.total)})" \
             if fp32_weights and weights.total else ""
         out.print(f"weight bytes ({fmt}): {format_bytes(weights.total)}{ratio}")
     if result.steps is not None:

@@ -92,10 +92,9 @@ class StepRecorder:
 
         module = working.torch_module
         if isinstance(module, nn.Module) and working.ov_model is None and working.precision == "fp32":
-            import torch_pruning as tp
+            from edgeopt.passes.prune import count_params_and_macs
 
-            macs, params = tp.utils.count_ops_and_params(module, self.source.example_input)
-            return int(params), int(macs)
+            return count_params_and_macs(module, self.source.example_input)
         previous = self.report.rows[-1] if self.report.rows else None
         return (previous.params, previous.macs) if previous else (None, None)
 

@@ -63,7 +63,8 @@ def test_digits_int8_artifacts_run_in_both_runtimes_and_agree(digits_int8):
 
 def test_report_states_how_quality_was_measured(digits_int8):
     _, report = digits_int8
-    assert report["quality"]["evaluated_with"]["inference_precision"] == "f32"
+    assert report["quality"]["evaluated_with"]["openvino"]["inference_precision"] == "f32"
+    assert report["quality"]["evaluated_with"]["onnx"]["runtime"] == "onnxruntime"
     assert report["host"]["cpu_model"]
     assert report["versions"]["openvino"] and report["versions"]["nncf"]
 

@@ -22,7 +22,7 @@ from edgeopt.source import load_model
 @pytest.fixture
 def working(tiny_factory, tiny_calib):
     source = load_model(tiny_factory)
-    ctx = PassContext(calibration=load_samples(tiny_calib, source.inputs), settings={"quiet": True})
+    ctx = PassContext(calibration=load_samples(tiny_calib, source.inputs), quiet=True)
     return WorkingModel(source, torch_module=copy.deepcopy(source.torch_module)), ctx
 
 

@@ -176,3 +176,13 @@ def test_isa_cap_that_leaves_no_kernel_is_dropped_and_said(cli, tiny_factory, ti
     assert report.latency.runs >= 5
     capped_ok = report.emulation_note == "emulated"
     assert capped_ok or any("ISA cap was dropped" in note for note in report.notes)
+
+
+def test_compress_target_adds_the_preferred_precision_to_a_torch_only_recipe(cli, profiles, tiny_factory,
+                                                                              tiny_calib, tmp_path):
+    out = tmp_path / "out"
+    result = cli("compress", tiny_factory, "--calib", tiny_calib, "--recipe", "prune", "--target", "loose",
+                 "--validate-runs", "5", "--validate-seconds", "0", "--out", out, "--quiet")
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert [s["name"] for s in report["recipe_steps"]] == ["prune", "int8"]  # generic lists int8 first

@@ -12,7 +12,7 @@ import warnings
 import click
 
 from edgeopt import __version__
-from edgeopt.errors import EdgeoptError
+from edgeopt.errors import EdgeoptError, first_line
 
 LOG_PATH = os.path.join(tempfile.gettempdir(), "edgeopt-last-error.log")
 
@@ -34,8 +34,8 @@ class _Group(click.Group):
         except Exception as exc:  # a bug: short message, full traceback in the log
             with open(LOG_PATH, "w", encoding="utf-8") as log:
                 traceback.print_exc(file=log)
-            click.echo(f"edgeopt: internal error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                       f" (traceback in {LOG_PATH})", err=True)
+            click.echo(f"edgeopt: internal error: {type(exc).__name__}: {first_line(exc)} (traceback in {LOG_PATH})",
+                       err=True)
             sys.exit(1)
 
 

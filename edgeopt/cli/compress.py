@@ -7,6 +7,7 @@ import json
 import click
 
 from edgeopt.cli.weight_options import recipe_with_weights, weight_options, weights_step
+from edgeopt.cli.gate_options import gate_options, quality_gate
 from edgeopt.errors import BadInputError, QualityGateError
 
 
@@ -24,17 +25,10 @@ from edgeopt.errors import BadInputError, QualityGateError
               "(same forms as --calib; default: the calibration set).")
 @click.option("--step-report/--no-step-report", default=None, help="Measure params, MACs, size, accuracy and "
               "latency after every recipe step (default: on when the recipe has a PyTorch step).")
-@click.option("--max-drop", default=1.0, show_default=True, type=float,
-              help="Quality gate: largest allowed top-1 drop, in percentage points.")
-@click.option("--min-token-agreement", default=0.9, show_default=True, type=float,
-              help="Quality gate for a language model: smallest allowed top-1 next-token agreement with the original.")
-@click.option("--max-perplexity-ratio", default=1.1, show_default=True, type=float,
-              help="Quality gate for a language model: largest allowed perplexity, as a multiple of the original's.")
-@click.option("--min-cosine", default=0.99, show_default=True, type=float,
-              help="Quality gate without labels: smallest allowed cosine similarity to the original outputs.")
+@gate_options
 @click.option("--input-shape", "input_shapes", multiple=True, help="NAME=D1,D2,... for dynamic inputs.")
-@click.option("--target", default=None, help="Device profile (name or .toml): use its preferred precision and input "
-              "shapes, then validate the artifact it runs against its budgets (exit 4 when one fails).")
+@click.option("--target", default=None, help="Device profile (name or .toml): use its preferred precision (unless "
+              "--precision or the recipe sets one) and input shapes, then validate the artifact it runs against its budgets (exit 4 when one fails).")
 @click.option("--validate-runs", default=300, show_default=True, type=click.IntRange(min=1),
               help="With --target: timed inferences for validation (at least).")
 @click.option("--validate-seconds", default=2.0, show_default=True, type=click.FloatRange(min=0),
@@ -54,7 +48,6 @@ def compress(model, calibration, out, formats, precision, recipe, eval_data, max
     from edgeopt import atomic
     from edgeopt.cli.streams import library_output
     from edgeopt.cli.validate import print_validation, raise_if_failed
-    from edgeopt.evaluate import QualityGate
     from edgeopt.export import parse_formats
     from edgeopt.pipeline import compress as run_compress
     from edgeopt.recipe import parse_recipe
@@ -72,9 +65,8 @@ def compress(model, calibration, out, formats, precision, recipe, eval_data, max
                   else recipe_with_weights(recipe, precision, weights, parse_recipe))
     with library_output(quiet):
         result = run_compress(model, calibration, out=out, recipe=recipe_obj, formats=parse_formats(formats),
-                              eval_data=eval_data, gate=QualityGate(max_drop=max_drop / 100.0, min_cosine=min_cosine,
-                                                                min_token_agreement=min_token_agreement,
-                                                                max_perplexity_ratio=max_perplexity_ratio),
+                              eval_data=eval_data,
+                              gate=quality_gate(max_drop, min_cosine, min_token_agreement, max_perplexity_ratio),
                               input_shapes=shapes, seed=seed, train_data=train_data, step_report=step_report,
                               quiet=quiet)
     report = result.describe()
@@ -121,7 +113,7 @@ def _apply_target(name: str | None, precision: str | None, recipe: str | None, f
     from edgeopt.targets import load_target
 
     profile = load_target(name)
-    if precision is None and recipe is None:
+    if precision is None and not _sets_precision(recipe):
         precision = profile.precisions[0]
     elif precision is not None and precision not in profile.precisions:
         raise BadInputError(f"--precision {precision}: target {profile.name} supports {', '.join(profile.precisions)}")
@@ -129,6 +121,17 @@ def _apply_target(name: str | None, precision: str | None, recipe: str | None, f
     if needed not in parse_formats(formats):
         raise BadInputError(f"target {profile.name} runs {profile.settings.runtime}: --format must include {needed}")
     return profile, precision, {**profile.input_shapes, **shapes}
+
+
+def _sets_precision(recipe: str | None) -> bool:
+    """Whether the recipe decides the output precision itself: a graph step, or QAT (which quantizes)."""
+    if recipe is None:
+        return False
+    from edgeopt.passes import get_pass
+    from edgeopt.recipe import parse_recipe
+
+    steps = parse_recipe(recipe).steps
+    return any(get_pass(s.name).stage == "graph" or s.name == "qat" for s in steps)
 
 
 def _validate(profile, result, report: dict, runs: int, seconds: float) -> list:

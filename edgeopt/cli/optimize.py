@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from edgeopt.cli.gate_options import gate_options, quality_gate
 from edgeopt.errors import BudgetError, QualityGateError
 from edgeopt.optimize.search import OBJECTIVES
 
@@ -22,10 +23,7 @@ _STYLE = {"chosen": "bold green", "closest": "bold yellow", "pass": "green", "fa
 @click.option("--eval", "eval_data", required=True, help="Evaluation data for the quality gate (labels: top-1).")
 @click.option("--out", required=True, type=click.Path(), help="Output folder: the chosen artifact and the reports "
               "(written atomically).")
-@click.option("--max-drop", default=1.0, show_default=True, type=click.FloatRange(min=0),
-              help="Quality gate: largest allowed top-1 drop, in percentage points.")
-@click.option("--min-cosine", default=0.99, show_default=True, type=click.FloatRange(-1, 1),
-              help="Quality gate without labels: smallest allowed cosine similarity to the original outputs.")
+@gate_options
 @click.option("--objective", type=click.Choice(OBJECTIVES), default="p50_ms", show_default=True,
               help="Among candidates that pass, pick the lowest of this figure (near-ties: the smaller file).")
 @click.option("--plan", default=None, help="Search plan .toml (default: edgeopt/optimize/plan.toml).")
@@ -40,8 +38,9 @@ _STYLE = {"chosen": "bold green", "closest": "bold yellow", "pass": "green", "fa
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--json", "json_out", default=None, help="Write the report as JSON to this file ('-' for stdout).")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
-def optimize(model, target, calibration, eval_data, out, max_drop, min_cosine, objective, plan, cache_dir, runs,
-             warmup, min_seconds, input_shapes, seed, json_out, quiet):
+def optimize(model, target, calibration, eval_data, out, max_drop, min_cosine, min_token_agreement,
+             max_perplexity_ratio, objective, plan, cache_dir, runs, warmup, min_seconds, input_shapes, seed, json_out,
+             quiet):
     """Find the best artifact of MODEL for a device: measure the baseline, then try the plan's stages in order
     (FP16/INT8, accuracy-controlled INT8, weight compression, pruning + distillation) until one meets every
     budget of the profile and the quality gate.
@@ -50,7 +49,6 @@ def optimize(model, target, calibration, eval_data, out, max_drop, min_cosine, o
     """
     from edgeopt import atomic
     from edgeopt.cli.streams import library_output
-    from edgeopt.evaluate import QualityGate
     from edgeopt.optimize.cache import Cache, default_cache_dir
     from edgeopt.optimize.search import Measuring, search
     from edgeopt.reporting import tables, write_reports
@@ -58,7 +56,7 @@ def optimize(model, target, calibration, eval_data, out, max_drop, min_cosine, o
     from edgeopt.targets import load_target
 
     profile = load_target(target)
-    gate = QualityGate(max_drop=max_drop / 100.0, min_cosine=min_cosine)
+    gate = quality_gate(max_drop, min_cosine, min_token_agreement, max_perplexity_ratio)
     with _Progress(quiet) as progress, library_output(True):
         result = search(model, calibration, eval_data, profile, gate=gate,
                         cache=Cache(cache_dir or default_cache_dir()), plan=plan,

@@ -55,4 +55,9 @@ def to_junit(reports: list[ValidationReport]) -> str:
 
 
 def write_junit(report: ValidationReport | list[ValidationReport], path: str) -> None:
-    write_text(path, to_junit(report if isinstance(report, list) else [report]))
+    """Write JUnit XML to ``path`` (``-`` for stdout, like ``write_json``)."""
+    text = to_junit(report if isinstance(report, list) else [report])
+    if path == "-":
+        sys.stdout.write(text)
+    else:
+        write_text(path, text)

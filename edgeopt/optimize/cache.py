@@ -10,14 +10,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from importlib import metadata
 from pathlib import Path
 
 from edgeopt import atomic
 from edgeopt.errors import BadInputError
-
-_TOOLS = ("edgeopt", "nncf", "openvino", "torch", "onnx", "onnxruntime", "torch-pruning")
-
 
 def default_cache_dir() -> Path:
     """``$EDGEOPT_CACHE``, else ``$XDG_CACHE_HOME/edgeopt``, else ``~/.cache/edgeopt``."""
@@ -54,15 +50,6 @@ def files_digest(spec: str | os.PathLike) -> str:
                 sha.update(chunk)
     return sha.hexdigest()
 
-
-def tool_versions() -> dict[str, str]:
-    versions = {}
-    for name in _TOOLS:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = "absent"
-    return versions
 
 
 class Cache:

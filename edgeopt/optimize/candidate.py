@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edgeopt.device.budgets import BudgetCheck
+from edgeopt.errors import BadInputError
 
 TIE_TOLERANCE = 0.03  # objective values within 3% count as a tie (measurement noise); ties go to the smaller file
 
@@ -87,6 +88,9 @@ def choose(candidates: list[Candidate], objective: str) -> Candidate | None:
     passing = [c for c in candidates if c.passed]
     if not passing:
         return None
+    passing = [c for c in passing if c.figures.get(objective) is not None]
+    if not passing:
+        raise BadInputError(f"objective {objective} could not be measured on this host; choose another --objective")
     best = min(c.figures[objective] for c in passing)
     tied = [c for c in passing if c.figures[objective] <= best * (1 + TIE_TOLERANCE)]
     return min(tied, key=lambda c: (c.file_bytes, c.figures[objective]))

@@ -1,7 +1,8 @@
 """Search the plan's stages for the artifact that meets every budget of a device profile and the quality gate.
 
 Stages run in the plan's order; the search stops after the first stage at whose end some candidate passes
-(unless the stage says ``stop_when_passed = false``), and picks among all passing candidates by the objective. Built artifacts and measurements are cached.
+(unless the stage says ``stop_when_passed = false``, as the baseline does), and picks among all passing
+candidates the lowest objective figure; figures within 3% count as a tie, won by the smaller file. Built artifacts and measurements are cached.
 """
 
 from __future__ import annotations
@@ -16,14 +17,15 @@ from edgeopt.data import load_samples
 from edgeopt.device.budgets import check_budgets
 from edgeopt.device.host import host_info
 from edgeopt.errors import BadInputError, first_line
-from edgeopt.evaluate import Fidelity, Quality, QualityGate
-from edgeopt.optimize.cache import Cache, digest, files_digest, tool_versions
+from edgeopt.evaluate import Quality, QualityGate
+from edgeopt.optimize.cache import Cache, digest, files_digest
 from edgeopt.optimize.candidate import Candidate, choose, closest
 from edgeopt.optimize.plan import DEFAULT_PLAN, PlannedCandidate, load_plan
 from edgeopt.passes import get_pass
 from edgeopt.recipe import Recipe, Step
 from edgeopt.source import load_model
 from edgeopt.targets import Target, load_target, plan_emulation
+from edgeopt.versions import tool_versions
 
 OBJECTIVES = ("p50_ms", "p95_ms", "p99_ms", "file_mb", "peak_rss_mb")
 
@@ -187,8 +189,8 @@ class _Builder:
         candidate.artifact = entry / artifact["path"]
         candidate.file_bytes = artifact["bytes"]
         candidate.notes = list(report["notes"])
-        original = _quality(report["quality"]["original"])
-        quality = _quality(report["quality"]["artifacts"][self.fmt])
+        original = Quality.from_dict(report["quality"]["original"])
+        quality = Quality.from_dict(report["quality"]["artifacts"][self.fmt])
         candidate.top1, candidate.reference_top1 = quality.top1, original.top1
         candidate.cosine = quality.fidelity.cosine if quality.fidelity else None
         candidate.gate_passed, candidate.gate_check = self.gate.check(original, quality)
@@ -237,7 +239,3 @@ def _on_search_path(target: Target) -> bool:
     except BadInputError:
         return False
 
-
-def _quality(data: dict) -> Quality:
-    fidelity = data.get("fidelity")
-    return Quality(data["name"], data.get("top1"), Fidelity(**fidelity) if fidelity else None)

@@ -35,8 +35,7 @@ class WorkingModel:
 class PassContext:
     calibration: SampleSet
     seed: int = 0
-    want_onnx: bool = True
-    settings: dict = field(default_factory=dict)  # extra knobs from the CLI or a target profile
+    quiet: bool = False  # no progress bars
     evaluation: SampleSet | None = None  # held-out data (with labels when given), for accuracy-aware passes
     train: SampleSet | None = None  # training data for torch passes that fine-tune (else the calibration set)
 

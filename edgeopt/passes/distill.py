@@ -21,7 +21,7 @@ def distill(model: WorkingModel, ctx: PassContext, *, epochs: int = 10, lr: floa
     data = training_set(model, ctx)
     teacher = model.source.torch_module
     before = evaluate_loss(student, teacher, data, config)
-    losses = fine_tune(student, teacher, data, config, label="distill", quiet=ctx.settings.get("quiet", False))
+    losses = fine_tune(student, teacher, data, config, label="distill", quiet=ctx.quiet)
     after = evaluate_loss(student, teacher, data, config)
     model.notes.append(f"distill: {epochs} epoch(s) on {len(data)} samples ({_loss_kind(data)}, T={temperature:g}, "
                        f"alpha={alpha:g}, lr={lr:g}, seed={ctx.seed}); loss {before:.4f} -> {after:.4f}"
@@ -56,7 +56,7 @@ def qat(model: WorkingModel, ctx: PassContext, *, epochs: int = 3, lr: float = 1
     data = training_set(model, ctx)
     teacher = model.source.torch_module
     before = evaluate_loss(quantized, teacher, data, config)
-    fine_tune(quantized, teacher, data, config, label="qat", quiet=ctx.settings.get("quiet", False))
+    fine_tune(quantized, teacher, data, config, label="qat", quiet=ctx.quiet)
     after = evaluate_loss(quantized, teacher, data, config)
     model.torch_module = nncf.strip(quantized, do_copy=False, strip_format=nncf.StripFormat.NATIVE,
                                     example_input=model.source.example_input).eval()

@@ -39,7 +39,7 @@ def prune(model: WorkingModel, ctx: PassContext, *, ratio: float = 0.5, scope: s
         per_layer[_modules(module, [name], "layer_ratios")[0]] = float(value)
     with torch.no_grad():
         shapes_before = _output_shapes(module, example)
-    params_before, macs_before = _count(module, example)
+    params_before, macs_before = count_params_and_macs(module, example)
     try:
         pruner = tp.pruner.MetaPruner(module, example, importance=_importance(importance), pruning_ratio=ratio,
                                       pruning_ratio_dict=per_layer or None, global_pruning=scope == "global",
@@ -52,7 +52,7 @@ def prune(model: WorkingModel, ctx: PassContext, *, ratio: float = 0.5, scope: s
     if shapes_after != shapes_before:
         raise BadInputError(f"prune: pruning changed the output shapes {shapes_before} -> {shapes_after}; "
                             f"add the output layers to ignored_layers")
-    params_after, macs_after = _count(module, example)
+    params_after, macs_after = count_params_and_macs(module, example)
     model.notes.append(f"prune: {scope} ratio {ratio:g} ({importance} importance), kept "
                        f"{', '.join(_name(module, m) for m in ignored)}; params {params_before:,} -> {params_after:,}, "
                        f"MACs {macs_before:,} -> {macs_after:,}")
@@ -89,7 +89,7 @@ def sparsify(model: WorkingModel, ctx: PassContext, *, ratio: float = 0.5, mode:
     masks = [m.mask for m in get_pruned_modules(masked).values()] if regulariser else []
     config = distill_config(ctx, epochs=epochs, lr=lr, temperature=temperature, alpha=alpha, batch_size=batch_size)
     losses = fine_tune(masked, model.source.torch_module, training_set(model, ctx), config, label="sparsify",
-                       quiet=ctx.settings.get("quiet", False), extra_loss=regulariser,
+                       quiet=ctx.quiet, extra_loss=regulariser,
                        extra_groups=[(masks, float(mask_lr))] if masks else [])
     model.torch_module = nncf.strip(masked, do_copy=False, strip_format=nncf.StripFormat.IN_PLACE)
     zeros, total = _sparsity(model.torch_module, skip)
@@ -138,7 +138,8 @@ def _name(module, target) -> str:
     return next(name for name, m in module.named_modules() if m is target)
 
 
-def _count(module, example: tuple) -> tuple[int, int]:
+def count_params_and_macs(module, example: tuple) -> tuple[int, int]:
+    """Parameters and multiply-accumulates of one forward pass (torch-pruning's counter)."""
     import torch_pruning as tp
 
     macs, params = tp.utils.count_ops_and_params(module, example)
