@@ -51,7 +51,7 @@ def run_sample(name: str, folder: Path, settings: RuntimeSettings, rounds: int, 
     timings: dict[str, list[float]] = {label: [] for label in sessions}
     for _ in range(rounds):
         for label, session in sessions.items():
-            timings[label] += time_inferences(session, feeds, runs=per_round, warmup=5)[1]
+            timings[label] += time_inferences(session, feeds, runs=per_round, warmup=5).wall_ms
     stats = {label: latency_stats(values) for label, values in timings.items()}
     reference = results["FP32"].reference.top1
     print(f"\n== {name}: original (PyTorch FP32) top-1 {reference * 100:.2f}% on {paths['eval']}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -10,24 +11,41 @@ from edgeopt.device.runtime import Session
 from edgeopt.device.stats import LatencyStats, latency_stats
 
 
+@dataclass(frozen=True)
+class Timings:
+    """Raw timings of one measurement, in milliseconds.
+
+    ``wall_ms`` times each whole synchronous ``infer`` call from Python, as an application sees it;
+    ``runtime_ms`` is the runtime's own per-request time (OpenVINO's ``InferRequest.latency``), read outside the
+    timed region, and empty for runtimes that do not report one.
+    """
+
+    first_ms: float
+    wall_ms: list[float]
+    runtime_ms: list[float]
+
+
 def time_inferences(session: Session, feeds: dict[str, np.ndarray], runs: int, warmup: int,
-                    min_seconds: float = 0.0) -> tuple[float, list[float]]:
-    """Return (first-inference ms, timed inference ms list); runs at least ``runs`` and ``min_seconds``."""
+                    min_seconds: float = 0.0) -> Timings:
+    """The first (cold) inference, ``warmup - 1`` more, then at least ``runs`` timed ones and ``min_seconds``."""
     start = time.perf_counter()
     session.infer(feeds)
     first_ms = (time.perf_counter() - start) * 1000
     for _ in range(max(warmup - 1, 0)):
         session.infer(feeds)
-    timings: list[float] = []
+    wall: list[float] = []
+    runtime: list[float] = []
     deadline = time.perf_counter() + min_seconds
-    while len(timings) < runs or time.perf_counter() < deadline:
+    while len(wall) < runs or time.perf_counter() < deadline:
         start = time.perf_counter()
         session.infer(feeds)
-        timings.append((time.perf_counter() - start) * 1000)
-    return first_ms, timings
+        wall.append((time.perf_counter() - start) * 1000)
+        own = session.last_runtime_ms()
+        if own is not None:
+            runtime.append(own)
+    return Timings(first_ms, wall, runtime)
 
 
 def measure_latency(session: Session, feeds: dict[str, np.ndarray], runs: int = 300, warmup: int = 20,
                     min_seconds: float = 0.0) -> LatencyStats:
-    _, timings = time_inferences(session, feeds, runs, warmup, min_seconds)
-    return latency_stats(timings)
+    return latency_stats(time_inferences(session, feeds, runs, warmup, min_seconds).wall_ms)

@@ -20,6 +20,7 @@ def run(request: dict) -> dict:
     """Measure the model ``request`` describes (see ``validate.validate_artifact`` for the fields)."""
     if request.get("cpus"):
         os.sched_setaffinity(0, request["cpus"])
+    from edgeopt.device.measure import time_inferences
     from edgeopt.device.runtime import RuntimeSettings, open_session, runtime_version
 
     settings = RuntimeSettings(**request["settings"])
@@ -29,44 +30,21 @@ def run(request: dict) -> dict:
     session = open_session(request["model"], settings)
     load_ms = (time.perf_counter() - start) * 1000
     feeds, shapes = _feeds(session.inputs, request.get("input_shapes") or {})
-    first_ms, timings, internal = _time(session, feeds, request["runs"], request["warmup"], request["min_seconds"])
+    timings = time_inferences(session, feeds, request["runs"], request["warmup"], request["min_seconds"])
     peak = _status_kib("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {
         "runtime_version": version,
         "effective_settings": session.effective_settings(),
         "input_shapes": shapes,
         "load_compile_ms": load_ms,
-        "first_inference_ms": first_ms,
-        "timings_ms": timings,
-        "runtime_timings_ms": internal,
+        "first_inference_ms": timings.first_ms,
+        "timings_ms": timings.wall_ms,
+        "runtime_timings_ms": timings.runtime_ms,
         "rss_before_load_bytes": rss_before * 1024 if rss_before else None,
         "peak_rss_bytes": peak * 1024 if peak else None,
         "cpus": sorted(os.sched_getaffinity(0)),
         "kernels": _kernels(session),
     }
-
-
-def _time(session, feeds: dict, runs: int, warmup: int, min_seconds: float):
-    """(first inference ms, timed wall-clock ms per call, the runtime's own ms per request where it reports it).
-
-    Wall-clock times the whole synchronous ``infer`` call from Python, as an application sees it; OpenVINO also
-    reports its own per-request time (``InferRequest.latency``), read outside the timed region.
-    """
-    request = getattr(session, "_request", None)  # OpenVINO sessions only
-    start = time.perf_counter()
-    session.infer(feeds)
-    first_ms = (time.perf_counter() - start) * 1000
-    for _ in range(warmup - 1):
-        session.infer(feeds)
-    wall, internal = [], []
-    deadline = time.perf_counter() + min_seconds
-    while len(wall) < runs or time.perf_counter() < deadline:
-        start = time.perf_counter()
-        session.infer(feeds)
-        wall.append((time.perf_counter() - start) * 1000)
-        if request is not None:
-            internal.append(request.latency)
-    return first_ms, wall, internal
 
 
 def _feeds(inputs, shapes: dict) -> tuple[dict, dict]:

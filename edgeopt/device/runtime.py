@@ -88,6 +88,10 @@ class Session:
         """Settings as the runtime reports them after compilation (not just what was asked)."""
         return self.settings.describe()
 
+    def last_runtime_ms(self) -> float | None:
+        """The runtime's own time for the last inference, where it reports one (OpenVINO does)."""
+        return None
+
 
 _OV_TYPES = {"f32": "float32", "f16": "float16", "i64": "int64", "i32": "int32", "u8": "uint8", "i8": "int8",
              "boolean": "bool", "f64": "float64"}
@@ -125,6 +129,9 @@ class OpenVINOSession(Session):
     def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         result = self._request.infer({name: np.ascontiguousarray(value) for name, value in feeds.items()})
         return [np.array(result[port]) for port in self._compiled.outputs]
+
+    def last_runtime_ms(self) -> float | None:
+        return self._request.latency
 
     def effective_settings(self) -> dict:
         described = self.settings.describe()
