@@ -167,8 +167,9 @@ def plan_emulation(target: Target, host: HostInfo) -> Emulation | None:
     cpus = tuple(usable[:min(target.device.cores, len(usable))])
     threads = min(wanted, len(cpus))
     if threads < wanted:
-        notes.append(f"the device runs {wanted} threads but this host has {len(cpus)} CPUs: latency reads higher "
-                     f"than on the device")
+        limit = (f"this host has {len(usable)} CPUs" if len(usable) < wanted
+                 else f"the device has {target.device.cores} cores, so {len(cpus)} CPUs are pinned")
+        notes.append(f"the profile runs {wanted} threads but {limit}: latency reads higher than on the device")
     settings = RuntimeSettings(**(settings.describe() | {"threads": threads}))
     max_isa = None
     if target.device.arch != host.machine:
