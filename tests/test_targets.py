@@ -134,7 +134,7 @@ def test_emulation_is_planned_and_said():
     assert plan_emulation(pi4, host("aarch64", "Cortex-A72", 4)) is None  # this host is the device
     emulation = plan_emulation(pi4, host())
     assert emulation.settings.threads == 2 and len(emulation.cpus) == 2  # the host's 2 CPUs, not the Pi's 4
-    assert "the device runs 4 threads but this host has 2 CPUs: latency reads higher" in emulation.note
+    assert "the profile runs 4 threads but this host has 2 CPUs: latency reads higher" in emulation.note
     assert emulation.note.startswith("emulated on ") and "(AMD EPYC)" in emulation.note
     assert "aarch64" in emulation.note and emulation.max_isa is None
     n100 = plan_emulation(load_target("intel-n100"), host())
