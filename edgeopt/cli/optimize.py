@@ -77,7 +77,7 @@ def optimize(model, target, calibration, eval_data, out, max_drop, min_cosine, m
     if result.verdict == "budgets":
         closest = result.closest
         raise BudgetError(f"no candidate meets every budget of {profile.name}; closest: {closest.label} "
-                          f"({closest.recipe}) fails {closest.failing_text()}; {where}")
+                          f"({closest.recipe}) fails {tables.failing_text(closest.describe())}; {where}")
     if result.verdict == "quality":
         failed = "; ".join(f"{c.label}: {c.gate_check}" for c in result.candidates if c.gate_passed is False)
         raise QualityGateError(f"no candidate passes the quality gate ({failed or 'none was built'}); {where}")

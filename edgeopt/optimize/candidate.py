@@ -61,12 +61,6 @@ class Candidate:
         excess = sum(1.0 if c.measured is None else (c.measured - c.budget) / c.budget for c in self.failing)
         return len(self.failing), excess
 
-    def failing_text(self) -> str:
-        if not self.measured:
-            return self.skipped or "not measured"
-        return ", ".join(f"{c.name} ({_num(c.measured)} > {_num(c.budget)}{' ' + c.unit if c.unit else ''})"
-                         for c in self.failing) or "none"
-
     def describe(self) -> dict:
         return {
             "label": self.label, "stage": self.stage, "precision": self.precision, "recipe": self.recipe,
@@ -101,7 +95,3 @@ def closest(candidates: list[Candidate]) -> Candidate | None:
     (measured ones first)."""
     pool = [c for c in candidates if c.eligible and c.gate_passed]
     return min(pool, key=lambda c: (not c.measured, c.overshoot())) if pool else None
-
-
-def _num(value: float | None) -> str:
-    return "not measured" if value is None else f"{value:.4g}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from edgeopt.device.budgets import BUDGET_FIELDS
+from edgeopt.optimize.candidate import TIE_TOLERANCE
 
 CANDIDATE_HEADERS = ("stage", "candidate", "precision", "recipe", "size", "p50 ms", "p95 ms", "p99 ms", "CV",
                      "peak RSS", "top-1 drop", "quality gate", "budgets", "cache")
@@ -25,7 +26,8 @@ def verdict(report: dict) -> str:
     if report["verdict"] == "found":
         chosen = _by_label(report, report["chosen"])
         return (f"FOUND: {chosen['label']} ({chosen['recipe']}, stage '{chosen['stage']}') meets every budget of "
-                f"{target} and the quality gate; lowest {report['objective']} among the passing candidates")
+                f"{target} and the quality gate; lowest {report['objective']} among the passing candidates "
+                f"(within {TIE_TOLERANCE:.0%} is a tie, won by the smaller file)")
     if report["verdict"] == "budgets":
         closest = _by_label(report, report["closest"])
         return (f"NO CANDIDATE MEETS EVERY BUDGET of {target}; closest: {closest['label']} ({closest['recipe']}), "
