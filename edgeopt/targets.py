@@ -27,6 +27,7 @@ A profile::
     [model]
     precisions = ["int8", "fp32"]   # model precisions, by preference (compress uses the first)
     input_shapes = { input = [1, 3, 224, 224] }   # optional: fills dynamic dimensions
+    objective = "p50_ms"            # optional: what `optimize` minimises (p50/p95/p99_ms, file_mb, peak_rss_mb)
 
 ``abstract = true`` marks a base meant only to be extended. Profiles are looked up in ``$EDGEOPT_TARGETS``
 (folders separated by ``os.pathsep``), then in the repository's ``targets/`` folder, then in
@@ -48,6 +49,7 @@ from edgeopt.device.runtime import PRECISIONS, RUNTIMES, RuntimeSettings
 from edgeopt.errors import BadInputError, first_line
 
 MODEL_PRECISIONS = ("int8", "fp16", "fp32")
+OBJECTIVES = ("p50_ms", "p95_ms", "p99_ms", "file_mb", "peak_rss_mb")  # what `optimize` minimises
 HINTS = ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT")
 ARCHES = ("x86_64", "aarch64")
 
@@ -59,7 +61,7 @@ _SCHEMA: dict[str, dict[str, tuple]] = {
     "runtime": {"name": (str,), "threads": (int,), "streams": (int,), "performance_hint": (str,),
                 "inference_precision": (str,)},
     "budgets": {key: (int, float) for key in BUDGET_FIELDS},
-    "model": {"precisions": (list,), "input_shapes": (dict,)},
+    "model": {"precisions": (list,), "input_shapes": (dict,), "objective": (str,)},
 }
 _REQUIRED = ("description", "device.name", "device.cpu", "device.arch", "device.cores", "device.memory_mb",
              "runtime.name", "runtime.threads", "runtime.inference_precision", "model.precisions",
@@ -86,6 +88,7 @@ class Target:
     budgets: Budgets
     precisions: tuple[str, ...]
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    objective: str = "p50_ms"  # what `edgeopt optimize` minimises among passing candidates
     source: Path | None = None
     extends: tuple[str, ...] = ()  # the chain of bases, nearest first
 
@@ -98,7 +101,7 @@ class Target:
     def describe(self) -> dict:
         return {"name": self.name, "description": self.description, "device": asdict(self.device),
                 "runtime": self.settings.describe(), "budgets": self.budgets.describe(),
-                "precisions": list(self.precisions), "input_shapes": {k: list(v) for k, v in self.input_shapes.items()},
+                "precisions": list(self.precisions), "objective": self.objective, "input_shapes": {k: list(v) for k, v in self.input_shapes.items()},
                 "source": str(self.source) if self.source else None, "extends": list(self.extends)}
 
 
@@ -288,6 +291,8 @@ def _build(path: Path, raw: dict, chain: tuple[str, ...]) -> Target:
         raise BadInputError(f"{path}: 'model.precisions' must name at least one of {', '.join(MODEL_PRECISIONS)}")
     for precision in precisions:
         _choice(path, "model.precisions", precision, MODEL_PRECISIONS)
+    objective = model.get("objective", "p50_ms")
+    _choice(path, "model.objective", objective, OBJECTIVES)
     settings = RuntimeSettings(runtime=runtime["name"], threads=runtime["threads"], streams=runtime.get("streams", 1),
                                performance_hint=runtime.get("performance_hint", "LATENCY"),
                                inference_precision=runtime["inference_precision"])
@@ -297,7 +302,8 @@ def _build(path: Path, raw: dict, chain: tuple[str, ...]) -> Target:
                           memory_mb=device["memory_mb"], isa=_strings(path, "device.isa", device.get("isa", [])),
                           cpu_match=_strings(path, "device.cpu_match", device.get("cpu_match", []))),
         settings=settings, budgets=Budgets.from_dict(raw["budgets"], source=f"{path}: budgets"),
-        precisions=precisions, input_shapes=_shapes(path, model.get("input_shapes", {})), source=path, extends=chain,
+        precisions=precisions, input_shapes=_shapes(path, model.get("input_shapes", {})), objective=objective,
+        source=path, extends=chain,
     )
 
 

@@ -165,3 +165,11 @@ def test_cli_bad_profile_is_one_line_exit_2(cli, profiles):
     assert result.stderr.strip() == f"edgeopt: {path}: unknown key 'budgets.latency' (known: " \
                                     f"{', '.join('budgets.' + k for k in BUDGET_FIELDS)})"
     assert "Traceback" not in result.output
+
+
+def test_objective_is_profile_data(profiles):
+    path = profiles("fits", VALID + '[model]\nprecisions = ["int8"]\nobjective = "file_mb"\n')
+    assert load_target(path).objective == "file_mb"
+    bad = profiles("bad", VALID + '[model]\nprecisions = ["int8"]\nobjective = "fastest"\n')
+    with pytest.raises(BadInputError, match="'model.objective' must be one of"):
+        load_target(bad)

@@ -11,7 +11,7 @@ import click
 
 from edgeopt.cli.gate_options import gate_options, quality_gate
 from edgeopt.errors import BudgetError, QualityGateError
-from edgeopt.optimize.search import OBJECTIVES
+from edgeopt.targets import OBJECTIVES
 
 _STYLE = {"chosen": "bold green", "closest": "bold yellow", "pass": "green", "fail": "red", "skipped": "dim"}
 
@@ -24,8 +24,9 @@ _STYLE = {"chosen": "bold green", "closest": "bold yellow", "pass": "green", "fa
 @click.option("--out", required=True, type=click.Path(), help="Output folder: the chosen artifact and the reports "
               "(written atomically).")
 @gate_options
-@click.option("--objective", type=click.Choice(OBJECTIVES), default="p50_ms", show_default=True,
-              help="Among candidates that pass, pick the lowest of this figure (near-ties: the smaller file).")
+@click.option("--objective", type=click.Choice(OBJECTIVES), default=None,
+              help="Among candidates that pass, pick the lowest of this figure (near-ties: the smaller file). "
+                   "Default: the profile's model.objective, else p50_ms.")
 @click.option("--plan", default=None, help="Search plan .toml (default: edgeopt/optimize/plan.toml).")
 @click.option("--cache", "cache_dir", default=None, type=click.Path(),
               help="Cache of built candidates and measurements (default: $EDGEOPT_CACHE or ~/.cache/edgeopt).")
@@ -60,7 +61,7 @@ def optimize(model, target, calibration, eval_data, out, max_drop, min_cosine, m
     with _Progress(quiet) as progress, library_output(True):
         result = search(model, calibration, eval_data, profile, gate=gate,
                         cache=Cache(cache_dir or default_cache_dir()), plan=plan,
-                        measuring=Measuring(runs, warmup, min_seconds), objective=objective,
+                        measuring=Measuring(runs, warmup, min_seconds), objective=objective or profile.objective,
                         input_shapes=parse_input_shapes(input_shapes), seed=seed, progress=progress.event)
     report = result.describe()
     with atomic.atomic_dir(out) as tmp:

@@ -24,10 +24,9 @@ from edgeopt.optimize.plan import DEFAULT_PLAN, PlannedCandidate, load_plan
 from edgeopt.passes import get_pass
 from edgeopt.recipe import Recipe, Step
 from edgeopt.source import load_model
-from edgeopt.targets import Target, load_target, plan_emulation
+from edgeopt.targets import OBJECTIVES, Target, load_target, plan_emulation
 from edgeopt.versions import tool_versions
 
-OBJECTIVES = ("p50_ms", "p95_ms", "p99_ms", "file_mb", "peak_rss_mb")
 
 
 @dataclass(frozen=True)
