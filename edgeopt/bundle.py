@@ -17,6 +17,7 @@ from pathlib import Path
 from edgeopt.atomic import atomic_file
 from edgeopt.device.bundle import MANIFEST, canonical_json, check_manifest, check_member_name
 from edgeopt.errors import BadInputError
+from edgeopt.export import sha256
 
 COMPRESS_LEVEL = 9
 
@@ -25,11 +26,7 @@ def file_entry(source: bytes | Path) -> dict:
     """Size and sha256 of a file's content (bytes, or a file read in chunks)."""
     if isinstance(source, bytes):
         return {"bytes": len(source), "sha256": hashlib.sha256(source).hexdigest()}
-    digest = hashlib.sha256()
-    with open(source, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return {"bytes": Path(source).stat().st_size, "sha256": digest.hexdigest()}
+    return {"bytes": Path(source).stat().st_size, "sha256": sha256(Path(source))}
 
 
 def write_bundle(out: str | Path, manifest: dict, files: dict[str, bytes | Path]) -> Path:

@@ -52,19 +52,26 @@ def parse_formats(text: str) -> tuple[str, ...]:
 def save_artifacts(model: WorkingModel, folder: Path, formats: tuple[str, ...], stem: str = "model") -> list[Artifact]:
     """Write the working model into ``folder`` (a temporary folder the caller renames atomically)."""
     import onnx
-    import openvino as ov
 
     artifacts = []
     if "openvino" in formats:
         xml = folder / f"{stem}.xml"
         canonicalize_names(model.ov_model)
-        ov.save_model(model.ov_model, str(xml), compress_to_fp16=model.precision != "fp32")
+        write_ir(model.ov_model, xml, compress_to_fp16=model.precision != "fp32")
         artifacts.append(Artifact("openvino", xml, (xml, xml.with_suffix(".bin")), model.precision))
     if "onnx" in formats:
         path = folder / f"{stem}.onnx"
         onnx.save(model.onnx_model, str(path))
         artifacts.append(Artifact("onnx", path, (path,), model.precision))
     return artifacts
+
+
+def write_ir(ov_model, xml: Path, compress_to_fp16: bool) -> int:
+    """Save ``ov_model`` as IR at ``xml`` (and its ``.bin``); return the bytes both take on disk."""
+    import openvino as ov
+
+    ov.save_model(ov_model, str(xml), compress_to_fp16=compress_to_fp16)
+    return xml.stat().st_size + xml.with_suffix(".bin").stat().st_size
 
 
 def canonicalize_names(ov_model) -> None:

@@ -17,7 +17,7 @@ from edgeopt.device.runtime import RuntimeSettings
 from edgeopt.errors import BadInputError
 from edgeopt.evaluate import (Quality, QualityGate, first_outputs, language_model_ids, measure_quality,
                               session_predictor, torch_predictor)
-from edgeopt.export import Artifact, save_artifacts
+from edgeopt.export import Artifact, save_artifacts, write_ir
 from edgeopt.passes import PassContext, WorkingModel, get_pass, run_step
 from edgeopt.recipe import Recipe, parse_recipe
 from edgeopt.source import SourceModel, load_model, to_onnx, to_openvino
@@ -184,12 +184,8 @@ def _evaluate(result: CompressResult, source: SourceModel, evaluation: SampleSet
 
 def ir_bytes(ov_model, compress_to_fp16: bool) -> int:
     """Size on disk of ``ov_model`` saved as IR (.xml + .bin)."""
-    import openvino as ov
-
     with tempfile.TemporaryDirectory() as tmp:
-        xml = Path(tmp) / "model.xml"
-        ov.save_model(ov_model, str(xml), compress_to_fp16=compress_to_fp16)
-        return xml.stat().st_size + xml.with_suffix(".bin").stat().st_size
+        return write_ir(ov_model, Path(tmp) / "model.xml", compress_to_fp16)
 
 
 def _original_predictor(source: SourceModel, settings: RuntimeSettings):

@@ -17,6 +17,7 @@ from edgeopt.device.host import host_info
 from edgeopt.device.measure import measure_latency
 from edgeopt.device.runtime import OpenVINOSession, RuntimeSettings, random_feeds, runtime_version
 from edgeopt.evaluate import compare_outputs, first_outputs, torch_predictor
+from edgeopt.export import write_ir
 from edgeopt.passes import WorkingModel
 from edgeopt.source import SourceModel, to_openvino
 
@@ -72,11 +73,8 @@ class StepRecorder:
         counts = self._counts(working)
         ov_model = self._openvino(working)
         with tempfile.TemporaryDirectory() as tmp:
-            import openvino as ov
-
             xml = Path(tmp) / "model.xml"
-            ov.save_model(ov_model, str(xml), compress_to_fp16=working.precision != "fp32")
-            size = xml.stat().st_size + xml.with_suffix(".bin").stat().st_size
+            size = write_ir(ov_model, xml, compress_to_fp16=working.precision != "fp32")
             session = OpenVINOSession(xml, self.report.settings)
             outputs = first_outputs(session.infer, self.data)
             latency = measure_latency(session, random_feeds(session.inputs), self.report.runs, self.report.warmup)

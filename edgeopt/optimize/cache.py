@@ -14,6 +14,7 @@ from pathlib import Path
 
 from edgeopt import atomic
 from edgeopt.errors import BadInputError
+from edgeopt.user_code import is_function_spec
 
 def default_cache_dir() -> Path:
     """``$EDGEOPT_CACHE``, else ``$XDG_CACHE_HOME/edgeopt``, else ``~/.cache/edgeopt``."""
@@ -32,8 +33,7 @@ def files_digest(spec: str | os.PathLike) -> str:
     """Hash of the bytes behind a model or data spec: a file (an IR with its .bin), a folder (every file in
     it), or ``file.py:name`` (every file beside the script: weights often live there)."""
     text = str(spec)
-    head, sep, _ = text.rpartition(":")
-    path = Path(head if sep and head.endswith(".py") else text)
+    path = Path(text.rpartition(":")[0] if is_function_spec(text) else text)
     if not path.exists():
         raise BadInputError(f"{path}: no such file or folder")
     if path.suffix == ".py":
