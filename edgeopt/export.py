@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,16 +76,24 @@ def write_ir(ov_model, xml: Path, compress_to_fp16: bool) -> int:
 
 
 def canonicalize_names(ov_model) -> None:
-    """Renumber OpenVINO's auto-generated node names (``Constant_26008``) in graph order.
+    """Renumber OpenVINO's auto-generated names (``Constant_26008``, also inside derived names such as
+    ``Multiply_47514/fq_weights_1``) in graph order.
 
     Those numbers come from a process-wide counter, so without this the same model converted twice in one
-    process would be saved with different names; with it, the IR is byte-identical run to run.
+    process would be saved with different names; with it, the IR is byte-identical run to run. A number is
+    replaced the same way wherever it appears, so derived names stay recognisable.
     """
     ov_model.set_friendly_name("model")
-    for index, op in enumerate(ov_model.get_ordered_ops()):
-        prefix, _, digits = op.get_friendly_name().rpartition("_")
-        if prefix.isalnum() and digits.isdigit():
-            op.set_friendly_name(f"{prefix}_{index}")
+    renumbered: dict[str, str] = {}
+
+    def replace(match: re.Match) -> str:
+        return renumbered.setdefault(match.group(0), f"{match.group(1)}_{len(renumbered)}")
+
+    for op in ov_model.get_ordered_ops():
+        op.set_friendly_name(_AUTO_NAME.sub(replace, op.get_friendly_name()))
+
+
+_AUTO_NAME = re.compile(r"(?<![\w.:])([A-Za-z][A-Za-z0-9]*)_\d+(?!\w)")  # Type_123, not fq_weights_1 or x.y_2
 
 
 def sha256(path: Path) -> str:

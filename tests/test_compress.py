@@ -135,6 +135,26 @@ def test_same_inputs_give_byte_identical_artifacts(cli, tmp_path, tiny_factory, 
     assert digests[0] == digests[1] and len(digests[0]) == 3
 
 
+def test_counter_numbers_inside_names_are_renumbered(tiny_ir, tmp_path):
+    """OpenVINO's process-wide counters also appear inside derived names (NNCF's ``Multiply_47514/fq_weights_1``);
+    two copies that differ only in those numbers must save byte-identical."""
+    import openvino as ov
+
+    from edgeopt.export import canonicalize_names
+
+    saved = []
+    for counter in (7, 987654):
+        model = ov.Core().read_model(tiny_ir)
+        ops = model.get_ordered_ops()
+        ops[1].set_friendly_name(f"Multiply_{counter}")
+        ops[2].set_friendly_name(f"Multiply_{counter}/fq_weights_1")
+        canonicalize_names(model)
+        assert ops[2].get_friendly_name() == ops[1].get_friendly_name() + "/fq_weights_1"
+        ov.save_model(model, tmp_path / f"{counter}.xml", compress_to_fp16=False)
+        saved.append((tmp_path / f"{counter}.xml").read_bytes())
+    assert saved[0] == saved[1]
+
+
 def test_python_api(tmp_path, tiny_onnx, tiny_calib):
     import edgeopt
 
