@@ -7,7 +7,8 @@ Prints, from one run on one host:
   2. p50(INT8) / p50(FP32) with f32 pinned, and the FP32 model also in bf16 (this host's OpenVINO default).
 
 benchmark_app reports the runtime's own per-request time (InferRequest.latency, measured inside OpenVINO);
-edgeopt validate times the whole synchronous infer() call from Python, as an application would see it.
+edgeopt validate times each synchronous inference call from Python on inputs bound once (no per-call input
+conversion or output copy), as benchmark_app does.
 
 Usage: .venv/bin/python bench/validate_vs_benchmark_app.py [--threads 2] [--seconds 5] [--rounds 3]
 Ratios, not absolute times, are the result: the host is shared, so absolute figures drift between runs.
@@ -69,7 +70,7 @@ def larger_cnn(out: Path) -> Path:
 
 
 def edgeopt_p50(model: Path, settings: RuntimeSettings, seconds: float) -> tuple[float, float]:
-    """p50 of the wall-clock infer() call and p50 of OpenVINO's own per-request time, in one measurement."""
+    """p50 of the wall-clock inference call and p50 of OpenVINO's own per-request time, in one measurement."""
     report = validate_artifact(model, settings, Budgets(), runs=300, warmup=50, min_seconds=seconds)
     return report.latency.p50_ms, report.runtime_latency.p50_ms
 
@@ -101,7 +102,7 @@ def main() -> None:
           f"openvino {runtime_version('openvino')}; load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     print(f"settings: LATENCY hint, 1 stream, {args.threads} threads, batch 1, {args.seconds:g} s per measurement, "
           f"{args.rounds} interleaved rounds; edgeopt = validate_artifact (separate process, synchronous "
-          f"infer() from Python), benchmark_app = -hint latency -api sync with the same threads/precision")
+          f"inference call from Python, inputs bound once), benchmark_app = -hint latency -api sync with the same threads/precision")
     with tempfile.TemporaryDirectory(prefix="edgeopt-bench-") as tmp:
         models = compress_digits(Path(tmp))
         models["cnn128"] = larger_cnn(Path(tmp))

@@ -47,7 +47,7 @@ class StepReport:
         return {
             "measured_with": {
                 "latency": f"OpenVINO {runtime_version('openvino')}, batch 1, {self.warmup} warm-up + {self.runs} "
-                           f"timed synchronous inferences on random inputs, p50",
+                           f"timed synchronous inferences on random inputs bound once, p50",
                 "settings": self.settings.describe(),
                 "host_cpu": host_info().cpu_model,
                 "quality": f"{self.samples} samples of {self.data}, OpenVINO with the same settings",

@@ -186,3 +186,20 @@ def test_compress_target_adds_the_preferred_precision_to_a_torch_only_recipe(cli
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
     assert [s["name"] for s in report["recipe_steps"]] == ["prune", "int8"]  # generic lists int8 first
+
+
+@pytest.mark.parametrize("runtime", ["openvino", "onnxruntime"])
+def test_bound_inference_is_timed_and_leaves_infer_exact(runtime, tiny_ir, tiny_onnx):
+    """Latency is timed on inputs bound once; binding must not change what ``infer`` returns afterwards."""
+    import numpy as np
+
+    from edgeopt.device.measure import time_inferences
+    from edgeopt.device.runtime import open_session, random_feeds
+
+    session = open_session(tiny_ir if runtime == "openvino" else tiny_onnx, RuntimeSettings(runtime=runtime, threads=1))
+    feeds, other = random_feeds(session.inputs, seed=0), random_feeds(session.inputs, seed=1)
+    before = session.infer(other)[0]
+    timings = time_inferences(session, feeds, runs=25, warmup=3)
+    assert len(timings.wall_ms) == 25 and all(ms > 0 for ms in timings.wall_ms) and timings.first_ms > 0
+    assert len(timings.runtime_ms) == (25 if runtime == "openvino" else 0)
+    np.testing.assert_array_equal(session.infer(other)[0], before)

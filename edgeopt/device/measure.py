@@ -15,8 +15,8 @@ from edgeopt.device.stats import LatencyStats, latency_stats
 class Timings:
     """Raw timings of one measurement, in milliseconds.
 
-    ``wall_ms`` times each whole synchronous ``infer`` call from Python, as an application sees it;
-    ``runtime_ms`` is the runtime's own per-request time (OpenVINO's ``InferRequest.latency``), read outside the
+    ``wall_ms`` times each synchronous inference call from Python on inputs bound once (``Session.bind``: no
+    per-call input conversion or output copy, as ``benchmark_app`` times); ``runtime_ms`` is the runtime's own per-request time (OpenVINO's ``InferRequest.latency``), read outside the
     timed region, and empty for runtimes that do not report one.
     """
 
@@ -28,17 +28,18 @@ class Timings:
 def time_inferences(session: Session, feeds: dict[str, np.ndarray], runs: int, warmup: int,
                     min_seconds: float = 0.0) -> Timings:
     """The first (cold) inference, ``warmup - 1`` more, then at least ``runs`` timed ones and ``min_seconds``."""
+    run = session.bind(feeds)
     start = time.perf_counter()
-    session.infer(feeds)
+    run()
     first_ms = (time.perf_counter() - start) * 1000
     for _ in range(max(warmup - 1, 0)):
-        session.infer(feeds)
+        run()
     wall: list[float] = []
     runtime: list[float] = []
     deadline = time.perf_counter() + min_seconds
     while len(wall) < runs or time.perf_counter() < deadline:
         start = time.perf_counter()
-        session.infer(feeds)
+        run()
         wall.append((time.perf_counter() - start) * 1000)
         own = session.last_runtime_ms()
         if own is not None:

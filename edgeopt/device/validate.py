@@ -35,7 +35,7 @@ class ValidationReport:
     runs: int
     warmup: int
     min_seconds: float
-    latency: LatencyStats  # wall-clock of each synchronous infer() call from Python: what the budgets check
+    latency: LatencyStats  # wall-clock of each synchronous inference call from Python: what the budgets check
     first_inference_ms: float  # cold: the first inference after compiling
     load_compile_ms: float  # read + compile, in the measuring process
     rss_before_load_bytes: int | None  # measuring process after importing the runtime, before loading
@@ -72,7 +72,7 @@ class ValidationReport:
         """One line saying how the latency figures were measured (and, with ``where``, on what)."""
         eff = self.effective_settings
         text = (f"{self.latency.runs} timed runs after {self.warmup} warm-up, batch 1, wall-clock of each synchronous "
-                f"infer() call from Python; "
+                f"inference call from Python on inputs bound once; "
                 f"{self.settings.runtime} {self.runtime_version}, threads={eff.get('threads')}, "
                 f"streams={eff.get('streams')}, hint={eff.get('performance_hint')}, "
                 f"inference precision={eff.get('inference_precision')}")
