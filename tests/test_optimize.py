@@ -227,3 +227,18 @@ class _Html(HTMLParser):
     def handle_endtag(self, tag):
         assert self.stack and self.stack[-1] == tag, f"</{tag}> closes <{self.stack[-1] if self.stack else None}>"
         self.stack.pop()
+
+
+def test_cache_keys_follow_edgeopt_source_not_only_its_version(tmp_path):
+    """A development build keeps version 0.1.0 while its code changes; the source digest keys caches and reports."""
+    from edgeopt.versions import source_digest, tool_versions, tree_digest
+
+    assert tool_versions()["edgeopt-source"] == source_digest()
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "a.py").write_text("x = 1\n")
+    (tmp_path / "pkg" / "notes.txt").write_text("ignored\n")
+    before = tree_digest(tmp_path / "pkg")
+    (tmp_path / "pkg" / "notes.txt").write_text("still ignored\n")
+    assert tree_digest(tmp_path / "pkg") == before
+    (tmp_path / "pkg" / "a.py").write_text("x = 2\n")
+    assert tree_digest(tmp_path / "pkg") != before
