@@ -1,8 +1,8 @@
 """Content-addressed cache of built candidates and their measurements.
 
 A candidate's key hashes the bytes of the model, calibration and evaluation files, the recipe, the seed, the
-input shapes and the versions of the tools that build it (edgeopt's by a digest of its code); a measurement's key adds how it was measured. Entries
-are written atomically, so an interrupted run leaves nothing half-written.
+input shapes and the versions of the tools that build it (edgeopt's by a digest of its code); a measurement's
+key adds how it was measured. Entries are written atomically, so an interrupted run leaves nothing half-written.
 """
 
 from __future__ import annotations
