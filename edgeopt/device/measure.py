@@ -16,8 +16,9 @@ class Timings:
     """Raw timings of one measurement, in milliseconds.
 
     ``wall_ms`` times each synchronous inference call from Python on inputs bound once (``Session.bind``: no
-    per-call input conversion or output copy, as ``benchmark_app`` times); ``runtime_ms`` is the runtime's own per-request time (OpenVINO's ``InferRequest.latency``), read outside the
-    timed region, and empty for runtimes that do not report one.
+    per-call input conversion or output copy, as ``benchmark_app`` times); ``runtime_ms`` is the runtime's own
+    per-request time (OpenVINO's ``InferRequest.latency``), read outside the timed region, and empty for
+    runtimes that do not report one.
     """
 
     first_ms: float
