@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from edgeopt.cli.streams import library_output  # noqa: E402
 from edgeopt.device.host import host_info  # noqa: E402
-from edgeopt.device.measure import time_inferences  # noqa: E402
+from edgeopt.device.measure import time_interleaved  # noqa: E402
 from edgeopt.device.runtime import RuntimeSettings, open_session, random_feeds, runtime_version  # noqa: E402
 from edgeopt.device.stats import latency_stats  # noqa: E402
 from edgeopt.pipeline import compress  # noqa: E402
@@ -61,11 +61,8 @@ def run_sample(name: str, folder: Path, threads: int, rounds: int, per_round: in
     sessions = {(label, artifact.format): open_session(artifact.path, settings[artifact.format])
                 for label, result in results.items() for artifact in result.artifacts}
     feeds = random_feeds(next(iter(sessions.values())).inputs)
-    timings: dict[tuple[str, str], list[float]] = {key: [] for key in sessions}
-    for _ in range(rounds):
-        for key, session in sessions.items():
-            timings[key] += time_inferences(session, feeds, runs=per_round, warmup=5).wall_ms
-    p50 = {key: latency_stats(values).p50_ms for key, values in timings.items()}
+    timings = time_interleaved(list(sessions.values()), feeds, rounds, per_round, warmup=5)
+    p50 = {key: latency_stats(values).p50_ms for key, values in zip(sessions, timings)}
     reference = results["FP32"].reference.top1
     print(f"\n== {name}: original (PyTorch FP32) top-1 {reference * 100:.2f}% on {paths['eval']}")
     for fmt, runtime in RUNTIMES.items():
@@ -110,7 +107,7 @@ def main() -> None:
     print(f"host: {host.cpu_model}, {host.usable_cpus} usable CPUs; OpenVINO {runtime_version('openvino')} "
           f"(INFERENCE_PRECISION_HINT=f32, hint LATENCY, 1 stream), ONNX Runtime {runtime_version('onnxruntime')} "
           f"(CPU provider); batch 1, threads={threads}; inputs bound once; {args.rounds} interleaved rounds x "
-          f"{args.per_round} timed runs (5 warm-up per round) per model and runtime")
+          f"{args.per_round} timed runs per model and runtime (5 warm-up, then 2 per round)")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.samples.split(","):
             run_sample(name.strip(), Path(tmp), threads, args.rounds, args.per_round)

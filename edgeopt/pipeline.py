@@ -112,7 +112,7 @@ def compress(model: str | Path, calibration: str | Path, *, out: str | Path, rec
                                 eval_settings=eval_settings, fp32_ir_bytes=fp32_ir_bytes,
                                 fp32_weight_bytes=fp32_weights,
                                 weight_bytes={a.format: artifact_weight_bytes(a.path) for a in artifacts},
-                                steps=recorder.report if recorder else None)
+                                steps=recorder.finish() if recorder else None)
         if evaluation is not None:
             with timer("evaluate"):
                 _evaluate(result, source, evaluation)

@@ -1,21 +1,24 @@
 """What each recipe step bought: parameters, MACs, IR size, accuracy/fidelity and latency p50 after every step.
 
-After each step the working model is saved as OpenVINO IR (as ``save_artifacts`` would), run on the evaluation
-data (accuracy, fidelity to the original's outputs) and timed at batch 1 with pinned runtime settings.
+After each step the working model is saved as OpenVINO IR (as ``save_artifacts`` would) and run on the evaluation
+data (accuracy, fidelity to the original's outputs). When the recipe is done, every step's IR is timed at batch 1
+with pinned runtime settings, in interleaved rounds, so that load from other processes hits every step alike and
+the "faster" column compares steps rather than moments.
 """
 
 from __future__ import annotations
 
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from edgeopt.data import SampleSet
 from edgeopt.device.host import host_info
-from edgeopt.device.measure import measure_latency
+from edgeopt.device.measure import time_interleaved
 from edgeopt.device.runtime import OpenVINOSession, RuntimeSettings, random_feeds, runtime_version
+from edgeopt.device.stats import latency_stats
 from edgeopt.evaluate import compare_outputs, first_outputs, torch_predictor
 from edgeopt.export import write_ir
 from edgeopt.passes import WorkingModel
@@ -31,7 +34,7 @@ class StepRow:
     precision: str
     top1: float | None  # on the report's data, when it has labels
     cosine: float | None  # mean cosine similarity to the original's outputs
-    p50_ms: float
+    p50_ms: float  # filled in by StepRecorder.finish, which times all steps together
 
 
 @dataclass
@@ -41,13 +44,15 @@ class StepReport:
     settings: RuntimeSettings
     runs: int
     warmup: int
+    rounds: int
     rows: list[StepRow] = field(default_factory=list)
 
     def describe(self) -> dict:
         return {
             "measured_with": {
                 "latency": f"OpenVINO {runtime_version('openvino')}, batch 1, {self.warmup} warm-up + {self.runs} "
-                           f"timed synchronous inferences on random inputs bound once, p50",
+                           f"timed synchronous inferences per step on random inputs bound once, in {self.rounds} "
+                           f"rounds interleaved across the steps, p50",
                 "settings": self.settings.describe(),
                 "host_cpu": host_info().cpu_model,
                 "quality": f"{self.samples} samples of {self.data}, OpenVINO with the same settings",
@@ -58,31 +63,43 @@ class StepReport:
 
 
 class StepRecorder:
-    """Callable the pipeline invokes after each step with ``(label, working_model)``."""
+    """Callable the pipeline invokes after each step with ``(label, working_model)``; ``finish`` times the steps."""
 
     def __init__(self, source: SourceModel, data: SampleSet, threads: int | None = None, runs: int = 200,
-                 warmup: int = 20):
+                 warmup: int = 20, rounds: int = 10):
         threads = threads or host_info().usable_cpus
         self.source = source
         self.data = data
         self.report = StepReport(data.source, len(data), RuntimeSettings(inference_precision="f32", threads=threads),
-                                 runs, warmup)
+                                 runs, warmup, rounds)
         self._reference: np.ndarray | None = None
+        self._folder = tempfile.TemporaryDirectory(prefix="edgeopt-steps-")
+        self._irs: list[Path] = []  # each step's IR, timed by ``finish``
 
     def __call__(self, label: str, working: WorkingModel) -> None:
         counts = self._counts(working)
-        ov_model = self._openvino(working)
-        with tempfile.TemporaryDirectory() as tmp:
-            xml = Path(tmp) / "model.xml"
-            size = write_ir(ov_model, xml, compress_to_fp16=working.precision != "fp32")
-            session = OpenVINOSession(xml, self.report.settings)
-            outputs = first_outputs(session.infer, self.data)
-            latency = measure_latency(session, random_feeds(session.inputs), self.report.runs, self.report.warmup)
+        xml = Path(self._folder.name) / f"step{len(self._irs)}.xml"
+        size = write_ir(self._openvino(working), xml, compress_to_fp16=working.precision != "fp32")
+        outputs = first_outputs(OpenVINOSession(xml, self.report.settings).infer, self.data)
         if self._reference is None:
             self._reference = self._original_outputs(outputs)
         top1 = float(np.mean(outputs.argmax(axis=1) == self.data.labels)) if self.data.labels is not None else None
         cosine = compare_outputs(outputs, self._reference).cosine
-        self.report.rows.append(StepRow(label, *counts, size, working.precision, top1, cosine, latency.p50_ms))
+        self._irs.append(xml)
+        self.report.rows.append(StepRow(label, *counts, size, working.precision, top1, cosine, p50_ms=float("nan")))
+
+    def finish(self) -> StepReport:
+        """Time every step's IR in interleaved rounds, fill in the rows and drop the saved IRs."""
+        try:
+            sessions = [OpenVINOSession(xml, self.report.settings) for xml in self._irs]
+            feeds = random_feeds(sessions[0].inputs) if sessions else {}
+            timings = time_interleaved(sessions, feeds, self.report.rounds, -(-self.report.runs // self.report.rounds),
+                                       self.report.warmup)
+            self.report.rows = [replace(row, p50_ms=latency_stats(times).p50_ms)
+                                for row, times in zip(self.report.rows, timings)]
+        finally:
+            self._folder.cleanup()
+        return self.report
 
     def _counts(self, working: WorkingModel) -> tuple[int | None, int | None]:
         """Params and MACs of the current torch module; steps past conversion keep the architecture's counts."""

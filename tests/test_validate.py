@@ -203,3 +203,13 @@ def test_bound_inference_is_timed_and_leaves_infer_exact(runtime, tiny_ir, tiny_
     assert len(timings.wall_ms) == 25 and all(ms > 0 for ms in timings.wall_ms) and timings.first_ms > 0
     assert len(timings.runtime_ms) == (25 if runtime == "openvino" else 0)
     np.testing.assert_array_equal(session.infer(other)[0], before)
+
+
+def test_interleaved_timing_gives_each_model_every_round(tiny_ir, tiny_onnx):
+    from edgeopt.device.measure import time_interleaved
+    from edgeopt.device.runtime import open_session, random_feeds
+
+    sessions = [open_session(tiny_ir, RuntimeSettings(threads=1)),
+                open_session(tiny_onnx, RuntimeSettings(runtime="onnxruntime", threads=1))]
+    timings = time_interleaved(sessions, random_feeds(sessions[0].inputs), rounds=3, per_round=7, warmup=2)
+    assert [len(times) for times in timings] == [21, 21] and all(ms > 0 for times in timings for ms in times)

@@ -48,6 +48,17 @@ def time_inferences(session: Session, feeds: dict[str, np.ndarray], runs: int, w
     return Timings(first_ms, wall, runtime)
 
 
+def time_interleaved(sessions: list[Session], feeds: dict[str, np.ndarray], rounds: int, per_round: int,
+                     warmup: int) -> list[list[float]]:
+    """Wall-clock timings of several models on the same inputs, in rounds that take each model in turn, so that
+    load from other processes hits them alike: the way to compare models on a shared host."""
+    timings: list[list[float]] = [[] for _ in sessions]
+    for round_index in range(rounds):
+        for session, times in zip(sessions, timings):
+            times += time_inferences(session, feeds, per_round, warmup if round_index == 0 else 2).wall_ms
+    return timings
+
+
 def measure_latency(session: Session, feeds: dict[str, np.ndarray], runs: int = 300, warmup: int = 20,
                     min_seconds: float = 0.0) -> LatencyStats:
     return latency_stats(time_inferences(session, feeds, runs, warmup, min_seconds).wall_ms)
