@@ -73,32 +73,32 @@ class StepRecorder:
         self.report = StepReport(data.source, len(data), RuntimeSettings(inference_precision="f32", threads=threads),
                                  runs, warmup, rounds)
         self._reference: np.ndarray | None = None
-        self._folder = tempfile.TemporaryDirectory(prefix="edgeopt-steps-")
-        self._irs: list[Path] = []  # each step's IR, timed by ``finish``
+        self._folder = tempfile.TemporaryDirectory(prefix="edgeopt-steps-")  # IRs stay while their models are open
+        self._sessions: list[OpenVINOSession] = []  # each step's compiled IR, timed by ``finish``
 
     def __call__(self, label: str, working: WorkingModel) -> None:
         counts = self._counts(working)
-        xml = Path(self._folder.name) / f"step{len(self._irs)}.xml"
+        xml = Path(self._folder.name) / f"step{len(self._sessions)}.xml"
         size = write_ir(self._openvino(working), xml, compress_to_fp16=working.precision != "fp32")
-        outputs = first_outputs(OpenVINOSession(xml, self.report.settings).infer, self.data)
+        session = OpenVINOSession(xml, self.report.settings)
+        outputs = first_outputs(session.infer, self.data)
         if self._reference is None:
             self._reference = self._original_outputs(outputs)
         top1 = float(np.mean(outputs.argmax(axis=1) == self.data.labels)) if self.data.labels is not None else None
         cosine = compare_outputs(outputs, self._reference).cosine
-        self._irs.append(xml)
+        self._sessions.append(session)
         self.report.rows.append(StepRow(label, *counts, size, working.precision, top1, cosine, p50_ms=float("nan")))
 
     def finish(self) -> StepReport:
-        """Time every step's IR in interleaved rounds, fill in the rows and drop the saved IRs."""
-        try:
-            sessions = [OpenVINOSession(xml, self.report.settings) for xml in self._irs]
-            feeds = random_feeds(sessions[0].inputs) if sessions else {}
-            timings = time_interleaved(sessions, feeds, self.report.rounds, -(-self.report.runs // self.report.rounds),
-                                       self.report.warmup)
-            self.report.rows = [replace(row, p50_ms=latency_stats(times).p50_ms)
-                                for row, times in zip(self.report.rows, timings)]
-        finally:
-            self._folder.cleanup()
+        """Time every step's model in interleaved rounds, fill in the rows and release the compiled models."""
+        sessions, self._sessions = self._sessions, []
+        feeds = random_feeds(sessions[0].inputs) if sessions else {}
+        timings = time_interleaved(sessions, feeds, self.report.rounds, -(-self.report.runs // self.report.rounds),
+                                   self.report.warmup)
+        self.report.rows = [replace(row, p50_ms=latency_stats(times).p50_ms)
+                            for row, times in zip(self.report.rows, timings)]
+        del sessions
+        self._folder.cleanup()
         return self.report
 
     def _counts(self, working: WorkingModel) -> tuple[int | None, int | None]:
