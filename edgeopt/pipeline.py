@@ -15,7 +15,7 @@ from edgeopt.data import SampleSet, load_samples
 from edgeopt.device.host import host_info
 from edgeopt.device.runtime import RuntimeSettings
 from edgeopt.errors import BadInputError
-from edgeopt.evaluate import (Quality, QualityGate, first_outputs, language_model_ids, measure_quality,
+from edgeopt.evaluate import (Quality, QualityGate, all_outputs, language_model_ids, measure_outputs,
                               session_predictor, torch_predictor)
 from edgeopt.export import Artifact, save_artifacts, write_ir
 from edgeopt.passes import PassContext, WorkingModel, get_pass, run_step
@@ -67,6 +67,7 @@ class CompressResult:
             "quality": {
                 "evaluated_with": {a.format: self.settings_for(a.runtime).describe() for a in self.artifacts},
                 "gate": {"max_top1_drop": self.gate.max_drop, "min_cosine": self.gate.min_cosine,
+                         "outputs": list(self.gate.outputs) or "all",
                          "language_model": {"min_token_agreement": self.gate.min_token_agreement,
                                             "max_perplexity_ratio": self.gate.max_perplexity_ratio}},
                 "original": self.reference.describe() if self.reference else None,
@@ -84,21 +85,24 @@ def compress(model: str | Path, calibration: str | Path, *, out: str | Path, rec
              formats: tuple[str, ...] = ("openvino", "onnx"), eval_data: str | Path | None = None,
              gate: QualityGate | None = None, input_shapes: dict | None = None, seed: int = 0,
              eval_settings: RuntimeSettings = EVAL_SETTINGS, train_data: str | Path | None = None,
-             step_report: bool | None = None, quiet: bool = False) -> CompressResult:
+             step_report: bool | None = None, quiet: bool = False, batch_axes: dict | None = None,
+             task: str | None = None) -> CompressResult:
     """Compress ``model`` with ``recipe`` and write the artifacts to ``out`` atomically.
 
     The quality gate's verdict is in the result (``quality_passed``); callers decide what a failure means.
     ``train_data`` feeds the torch steps that fine-tune (default: the calibration set). ``step_report`` measures
-    the model after every step (default: when the recipe has a PyTorch step).
+    the model after every step (default: when the recipe has a PyTorch step). ``batch_axes`` (by input name) and
+    ``task`` (for a Hugging Face model folder) go to ``load_model``.
     """
     timer = _Timer()
     recipe = recipe if isinstance(recipe, Recipe) else parse_recipe(recipe)
     gate = gate or QualityGate()
     with timer("load"):
-        source = load_model(model, input_shapes)
-        calib = load_samples(calibration, source.inputs)
-        evaluation = load_samples(eval_data, source.inputs) if eval_data else None
-        train = load_samples(train_data, source.inputs) if train_data else None
+        source = load_model(model, input_shapes, batch_axes, task)
+        _check_gated_outputs(source, gate)
+        calib = load_samples(calibration, source.inputs, source.tokenizer)
+        evaluation = load_samples(eval_data, source.inputs, source.tokenizer) if eval_data else None
+        train = load_samples(train_data, source.inputs, source.tokenizer) if train_data else None
     if step_report is None:
         step_report = any(get_pass(s.name).stage == "torch" for s in recipe.steps)
     recorder = StepRecorder(source, evaluation or calib) if step_report else None
@@ -149,16 +153,18 @@ def _run_recipe(source: SourceModel, recipe: Recipe, calib: SampleSet, formats: 
             observe(step.describe(), working)
     with timer("convert"):
         if source.kind == "torch":
-            working.ov_model = to_openvino(working.torch_module, source.example_input, source.input_names)
+            working.ov_model = to_openvino(working.torch_module, source.example_input, source.input_names,
+                                           source.output_names)
             if "onnx" in formats:
-                working.onnx_model = to_onnx(working.torch_module, source.example_input, source.input_names)
+                working.onnx_model = to_onnx(working.torch_module, source.example_input, source.input_names,
+                                             source.output_names)
         else:
             working.ov_model = source.openvino_model()
             if "onnx" in formats:
                 working.onnx_model = source.onnx_model()
     # Size baselines are the original model's, not the model after pruning.
     original_ov = working.ov_model if not torch_steps else to_openvino(source.torch_module, source.example_input,
-                                                                       source.input_names)
+                                                                       source.input_names, source.output_names)
     fp32_ir_bytes = ir_bytes(original_ov, compress_to_fp16=False)
     fp32_weights = openvino_weight_bytes(original_ov)
     for step in graph_steps:
@@ -172,14 +178,27 @@ def _run_recipe(source: SourceModel, recipe: Recipe, calib: SampleSet, formats: 
 def _evaluate(result: CompressResult, source: SourceModel, evaluation: SampleSet) -> None:
     """Measure the original in its own framework, then each artifact in its runtime, and apply the gate."""
     original = _original_predictor(source, result.eval_settings)
-    reference_outputs = first_outputs(original, evaluation)
+    reference = all_outputs(original, evaluation, source.output_names)
     token_ids = language_model_ids(original, evaluation)
-    result.reference = measure_quality("original", reference_outputs, evaluation.labels, None)
+    gated = result.gate.outputs
+    result.reference = measure_outputs("original", reference, evaluation.labels, None, gated=gated)
     for artifact in result.artifacts:
-        outputs = first_outputs(session_predictor(artifact.path, result.settings_for(artifact.runtime)), evaluation)
-        quality = measure_quality(artifact.format, outputs, evaluation.labels, reference_outputs, token_ids)
+        outputs = all_outputs(session_predictor(artifact.path, result.settings_for(artifact.runtime)), evaluation,
+                              reference.names)
+        if len(outputs.values) != len(reference.values):
+            raise RuntimeError(f"{artifact.path.name} has {len(outputs.values)} outputs, the original "
+                                f"{len(reference.values)}")
+        quality = measure_outputs(artifact.format, outputs, evaluation.labels, reference, gated=gated,
+                                  token_ids=token_ids)
         result.qualities[artifact.format] = quality
         result.gate_results[artifact.format] = result.gate.check(result.reference, quality)
+
+
+def _check_gated_outputs(source: SourceModel, gate: QualityGate) -> None:
+    unknown = [name for name in gate.outputs if name not in source.output_names]
+    if unknown and source.output_names:
+        raise BadInputError(f"--outputs names unknown output(s) {', '.join(unknown)}; the model's outputs are "
+                            f"{', '.join(source.output_names)}")
 
 
 def ir_bytes(ov_model, compress_to_fp16: bool) -> int:

@@ -27,6 +27,7 @@ A profile::
     [model]
     precisions = ["int8", "fp32"]   # model precisions, by preference (compress uses the first)
     input_shapes = { input = [1, 3, 224, 224] }   # optional: fills dynamic dimensions
+    batch_axes = { state = 1 }      # optional: the batch axis of inputs whose model does not say ("none": none)
     objective = "p50_ms"            # optional: what `optimize` minimises (p50/p95/p99_ms, file_mb, peak_rss_mb)
 
 ``abstract = true`` marks a base meant only to be extended. Profiles are looked up in ``$EDGEOPT_TARGETS``
@@ -61,7 +62,7 @@ _SCHEMA: dict[str, dict[str, tuple]] = {
     "runtime": {"name": (str,), "threads": (int,), "streams": (int,), "performance_hint": (str,),
                 "inference_precision": (str,)},
     "budgets": {key: (int, float) for key in BUDGET_FIELDS},
-    "model": {"precisions": (list,), "input_shapes": (dict,), "objective": (str,)},
+    "model": {"precisions": (list,), "input_shapes": (dict,), "batch_axes": (dict,), "objective": (str,)},
 }
 _REQUIRED = ("description", "device.name", "device.cpu", "device.arch", "device.cores", "device.memory_mb",
              "runtime.name", "runtime.threads", "runtime.inference_precision", "model.precisions",
@@ -88,6 +89,7 @@ class Target:
     budgets: Budgets
     precisions: tuple[str, ...]
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    batch_axes: dict[str, int | None] = field(default_factory=dict)  # by input name, where the model does not say
     objective: str = "p50_ms"  # what `edgeopt optimize` minimises among passing candidates
     source: Path | None = None
     extends: tuple[str, ...] = ()  # the chain of bases, nearest first
@@ -102,6 +104,7 @@ class Target:
         return {"name": self.name, "description": self.description, "device": asdict(self.device),
                 "runtime": self.settings.describe(), "budgets": self.budgets.describe(),
                 "precisions": list(self.precisions), "objective": self.objective, "input_shapes": {k: list(v) for k, v in self.input_shapes.items()},
+                "batch_axes": dict(self.batch_axes),
                 "source": str(self.source) if self.source else None, "extends": list(self.extends)}
 
 
@@ -302,7 +305,8 @@ def _build(path: Path, raw: dict, chain: tuple[str, ...]) -> Target:
                           memory_mb=device["memory_mb"], isa=_strings(path, "device.isa", device.get("isa", [])),
                           cpu_match=_strings(path, "device.cpu_match", device.get("cpu_match", []))),
         settings=settings, budgets=Budgets.from_dict(raw["budgets"], source=f"{path}: budgets"),
-        precisions=precisions, input_shapes=_shapes(path, model.get("input_shapes", {})), objective=objective,
+        precisions=precisions, input_shapes=_shapes(path, model.get("input_shapes", {})),
+        batch_axes=_batch_axes(path, model.get("batch_axes", {})), objective=objective,
         source=path, extends=chain,
     )
 
@@ -316,6 +320,20 @@ def _strings(path: Path, key: str, values: list) -> tuple[str, ...]:
     if not all(isinstance(v, str) for v in values):
         raise BadInputError(f"{path}: '{key}' must be an array of strings, got {values!r}")
     return tuple(values)
+
+
+def _batch_axes(path: Path, table: dict) -> dict[str, int | None]:
+    """``name = AXIS`` (a non-negative integer) or ``name = "none"`` per input."""
+    axes: dict[str, int | None] = {}
+    for name, axis in table.items():
+        if axis == "none":
+            axes[name] = None
+        elif isinstance(axis, int) and not isinstance(axis, bool) and axis >= 0:
+            axes[name] = axis
+        else:
+            raise BadInputError(f"{path}: 'model.batch_axes.{name}' must be a non-negative integer or \"none\", "
+                                f"got {axis!r}")
+    return axes
 
 
 def _shapes(path: Path, table: dict) -> dict[str, tuple[int, ...]]:

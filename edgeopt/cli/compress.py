@@ -27,6 +27,11 @@ from edgeopt.errors import BadInputError, QualityGateError
               "latency after every recipe step (default: on when the recipe has a PyTorch step).")
 @gate_options
 @click.option("--input-shape", "input_shapes", multiple=True, help="NAME=D1,D2,... for dynamic inputs.")
+@click.option("--batch-axis", "batch_axes", multiple=True, help="NAME=AXIS: the axis of an input that holds the "
+              "batch (e.g. state=1; NAME=none for none), where the model does not say it.")
+@click.option("--task", default=None, help="For a Hugging Face model folder: the task whose head to load "
+              "(feature-extraction, text-classification, token-classification, fill-mask, text-generation; "
+              "default: from config.json's architecture).")
 @click.option("--target", default=None, help="Device profile (name or .toml): use its preferred precision (unless "
               "--precision or the recipe sets one) and input shapes, then validate the artifact it runs against its budgets (exit 4 when one fails).")
 @click.option("--validate-runs", default=300, show_default=True, type=click.IntRange(min=1),
@@ -42,9 +47,10 @@ from edgeopt.errors import BadInputError, QualityGateError
 @weight_options
 def compress(model, calibration, out, formats, precision, recipe, eval_data, max_drop, min_cosine, input_shapes,
              seed, json_out, quiet, target, validate_runs, validate_seconds, package_out, build_id, train_data,
-             step_report,
-             min_token_agreement, max_perplexity_ratio, **weight_args):
-    """Compress MODEL (ONNX, OpenVINO IR, file.py:factory, TorchScript or .pt2) and write IR/ONNX to OUT."""
+             step_report, min_token_agreement, max_perplexity_ratio, gate_outputs, batch_axes, task, **weight_args):
+    """Compress MODEL (ONNX, OpenVINO IR, file.py:factory, TorchScript, .pt2 or a Hugging Face model folder)
+    and write IR/ONNX to OUT."""
+    from edgeopt.batch_axes import parse_batch_axes
     from edgeopt import atomic
     from edgeopt.cli.streams import library_output
     from edgeopt.cli.validate import print_validation, raise_if_failed
@@ -61,14 +67,16 @@ def compress(model, calibration, out, formats, precision, recipe, eval_data, max
     weights = weights_step(weight_args, target)
     profile, precision, shapes = _apply_target(target, precision, recipe if weights is None else "weights", formats,
                                                parse_input_shapes(input_shapes))
+    axes = {**(profile.batch_axes if profile else {}), **parse_batch_axes(batch_axes)}
     recipe_obj = (_recipe(recipe, precision, parse_recipe) if weights is None
                   else recipe_with_weights(recipe, precision, weights, parse_recipe))
     with library_output(quiet):
         result = run_compress(model, calibration, out=out, recipe=recipe_obj, formats=parse_formats(formats),
                               eval_data=eval_data,
-                              gate=quality_gate(max_drop, min_cosine, min_token_agreement, max_perplexity_ratio),
+                              gate=quality_gate(max_drop, min_cosine, min_token_agreement, max_perplexity_ratio,
+                                                gate_outputs),
                               input_shapes=shapes, seed=seed, train_data=train_data, step_report=step_report,
-                              quiet=quiet)
+                              quiet=quiet, batch_axes=axes, task=task)
     report = result.describe()
     validations = _validate(profile, result, report, validate_runs, validate_seconds) if profile else []
     if json_out == "-":

@@ -41,7 +41,7 @@ _STYLE = {"chosen": "bold green", "closest": "bold yellow", "pass": "green", "fa
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 def optimize(model, target, calibration, eval_data, out, max_drop, min_cosine, min_token_agreement,
              max_perplexity_ratio, objective, plan, cache_dir, runs, warmup, min_seconds, input_shapes, seed, json_out,
-             quiet):
+             quiet, gate_outputs):
     """Find the best artifact of MODEL for a device: measure the baseline, then try the plan's stages in order
     (FP16/INT8, accuracy-controlled INT8, weight compression, pruning + distillation) until one meets every
     budget of the profile and the quality gate.
@@ -57,7 +57,7 @@ def optimize(model, target, calibration, eval_data, out, max_drop, min_cosine, m
     from edgeopt.targets import load_target
 
     profile = load_target(target)
-    gate = quality_gate(max_drop, min_cosine, min_token_agreement, max_perplexity_ratio)
+    gate = quality_gate(max_drop, min_cosine, min_token_agreement, max_perplexity_ratio, gate_outputs)
     with _Progress(quiet) as progress, library_output(True):
         result = search(model, calibration, eval_data, profile, gate=gate,
                         cache=Cache(cache_dir or default_cache_dir()), plan=plan,

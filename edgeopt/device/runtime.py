@@ -20,15 +20,22 @@ PRECISIONS = ("f32", "bf16", "f16")
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """Name, shape (None for a dynamic dimension) and numpy dtype of a model input or output."""
+    """Name, shape (None for a dynamic dimension) and numpy dtype of a model input or output, and the axis
+    that holds the batch (``None``: none, as for a rank-0 scalar such as a sample rate)."""
 
     name: str
     shape: tuple[int | None, ...]
     dtype: str
+    batch_axis: int | None = 0
 
     @property
     def is_static(self) -> bool:
         return all(d is not None for d in self.shape)
+
+    @property
+    def batch_dim(self) -> int | None:
+        """The batch axis when the tensor has one (never for a rank-0 tensor)."""
+        return self.batch_axis if self.batch_axis is not None and self.batch_axis < len(self.shape) else None
 
 
 @dataclass(frozen=True)

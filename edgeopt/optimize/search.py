@@ -88,13 +88,13 @@ def search(model: str, calibration: str, eval_data: str, target: Target, *, gate
         raise BadInputError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     stages = load_plan(plan)
     shapes = {**target.input_shapes, **(input_shapes or {})}
-    source = load_model(model, shapes)  # bad inputs fail here, before any work
-    load_samples(calibration, source.inputs)
-    load_samples(eval_data, source.inputs)
+    source = load_model(model, shapes, target.batch_axes)  # bad inputs fail here, before any work
+    load_samples(calibration, source.inputs, source.tokenizer)
+    load_samples(eval_data, source.inputs, source.tokenizer)
     fmt = "openvino" if target.settings.runtime == "openvino" else "onnx"
     inputs = {"model": files_digest(model), "calibration": files_digest(calibration),
               "evaluation": files_digest(eval_data), "input_shapes": {k: list(v) for k, v in shapes.items()},
-              "seed": seed, "format": fmt, "versions": tool_versions()}
+              "batch_axes": dict(target.batch_axes), "seed": seed, "format": fmt, "versions": tool_versions()}
     emulation = plan_emulation(target, host_info())
     measure_key = digest({"settings": (emulation.settings if emulation else target.settings).describe(),
                           "cpus": emulation.cpus if emulation else None,
@@ -179,7 +179,8 @@ class _Builder:
             self.progress(candidate, "building")
             try:
                 compress(self.model, self.calibration, out=entry, recipe=recipe, formats=(self.fmt,),
-                         eval_data=self.eval_data, gate=self.gate, input_shapes=self.shapes, seed=self.seed)
+                         eval_data=self.eval_data, gate=self.gate, input_shapes=self.shapes, seed=self.seed,
+                         batch_axes=self.target.batch_axes)
             except BadInputError as exc:
                 candidate.skipped = f"build failed: {first_line(exc)}"
                 return
