@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgeopt.device.runtime import TensorSpec, format_shape
+from edgeopt.device.runtime import TensorSpec, contiguous, format_shape
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.user_code import call, is_function_spec, load_function
 
@@ -137,7 +137,7 @@ def _check_sample(source: str, index: int, sample: dict[str, np.ndarray], inputs
         if value.shape != tuple(spec.shape):
             raise BadInputError(f"{source}: sample {index} input '{spec.name}' has shape {format_shape(value.shape)}, "
                                 f"the model expects {format_shape(spec.shape)}")
-        checked[spec.name] = np.ascontiguousarray(value.astype(spec.dtype, copy=False))
+        checked[spec.name] = contiguous(value.astype(spec.dtype, copy=False))
     return checked
 
 

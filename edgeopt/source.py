@@ -49,11 +49,13 @@ class SourceModel:
 
         if self.kind == "torch":
             return to_openvino(self.torch_module, self.example_input, self.input_names, self.output_names)
-        try:
-            model = ov.Core().read_model(str(self.path)) if self.kind == "openvino" else ov.convert_model(str(self.path))
+        shapes = {spec.name: list(spec.shape) for spec in self.inputs}
+        try:  # static shapes at conversion: some exports only convert once every rank is known
+            model = (ov.Core().read_model(str(self.path)) if self.kind == "openvino"
+                     else ov.convert_model(str(self.path), input=shapes))
         except Exception as exc:
             raise BadInputError(f"{self.path}: OpenVINO cannot read this model ({first_line(exc)})") from exc
-        model.reshape({spec.name: list(spec.shape) for spec in self.inputs})
+        model.reshape(shapes)
         return model
 
     def onnx_model(self):

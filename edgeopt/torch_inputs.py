@@ -14,7 +14,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
-from edgeopt.errors import BadInputError
+from edgeopt.errors import BadInputError, first_line
 
 
 @dataclass
@@ -118,13 +118,17 @@ def torch_call(module, example, where: str, names: list[str] | None = None) -> T
         if unknown:
             raise BadInputError(f"{where}: forward() has no parameter(s) {', '.join(unknown)} "
                                 f"(it takes {', '.join(declared)})")
+    example = positional + tuple(keywords.values())
+    try:
+        with torch.no_grad():
+            out = module(*positional, **keywords)
+    except Exception as exc:
+        raise BadInputError(f"{where}: the model fails on its example input ({first_line(exc)})") from exc
+    keys, tensors = flat_outputs(out)
+    if keywords:
         names = list(names) + list(keywords)
         module = NamedCall(module, names)
-    example = positional + tuple(keywords.values())
-    with torch.no_grad():
-        out = module(*example)
-    keys, tensors = flat_outputs(out)
-    if keys is not None and not isinstance(module, NamedCall):
+    elif keys is not None:
         module = NamedCall(module)
     if keys is None:
         keys = ["output"] if len(tensors) == 1 else [f"output{i}" for i in range(len(tensors))]

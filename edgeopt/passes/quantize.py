@@ -3,30 +3,32 @@
 from __future__ import annotations
 
 from edgeopt.errors import BadInputError, first_line
+from edgeopt.model_type import TRANSFORMER, ModelType, detect_model_type
 from edgeopt.passes import PassContext, WorkingModel, register
 
 
-def is_transformer(ov_model) -> bool:
-    """Heuristic: attention blocks show up as Softmax fed by MatMul."""
-    ops = [op.get_type_name() for op in ov_model.get_ops()]
-    return "Softmax" in ops and ops.count("MatMul") >= 2
-
-
 @register("int8", stage="graph", summary="INT8 post-training quantization of weights and activations (nncf.quantize)")
-def int8(model: WorkingModel, ctx: PassContext, *, preset: str = "performance", subset_size: int = 300,
+def int8(model: WorkingModel, ctx: PassContext, *, preset: str = "auto", subset_size: int = 300,
          fast_bias_correction: bool = True, ignored_scope: list[str] | None = None,
          model_type: str = "auto") -> None:
+    """``preset = "auto"``: NNCF's choice for the model type (MIXED, asymmetric activations, for transformers;
+    PERFORMANCE otherwise). ``model_type = "auto"``: ``edgeopt.model_type`` recognises transformers."""
     import nncf
 
-    presets = {"performance": nncf.QuantizationPreset.PERFORMANCE, "mixed": nncf.QuantizationPreset.MIXED}
+    presets = {"auto": None, "performance": nncf.QuantizationPreset.PERFORMANCE,
+               "mixed": nncf.QuantizationPreset.MIXED}
     if preset not in presets:
         raise BadInputError(f"int8: preset must be one of {', '.join(presets)}")
-    transformer = is_transformer(model.ov_model) if model_type == "auto" else model_type == "transformer"
+    if model_type not in ("auto", "transformer", "default"):
+        raise BadInputError("int8: model_type must be one of auto, transformer, default")
+    kind = (detect_model_type(model.source.model_type, model.ov_model) if model_type == "auto"
+            else ModelType(model_type, "set by the recipe"))
+    transformer = kind.name == TRANSFORMER
     kwargs = dict(
         preset=presets[preset],
         subset_size=min(subset_size, len(ctx.calibration)),
         fast_bias_correction=fast_bias_correction,
-        model_type=nncf.ModelType.TRANSFORMER if transformer else None,
+        model_type=kind.nncf(),
         ignored_scope=nncf.IgnoredScope(names=list(ignored_scope), validate=False) if ignored_scope else None,
     )
     dataset = ctx.calibration.to_nncf()
@@ -37,8 +39,10 @@ def int8(model: WorkingModel, ctx: PassContext, *, preset: str = "performance", 
     except nncf.ValidationError as exc:
         raise BadInputError(f"int8: {first_line(exc)}") from exc
     model.precision = "int8"
-    model.notes.append(f"int8: preset={preset}, subset={kwargs['subset_size']} samples, "
-                       f"model_type={'transformer' if transformer else 'default'}")
+    chosen = preset if preset != "auto" else ("mixed" if transformer else "performance")
+    smooth_quant = ", SmoothQuant on MatMul inputs (NNCF, alpha 0.95)" if transformer else ""
+    model.notes.append(f"int8: preset={chosen}, subset={kwargs['subset_size']} samples, "
+                       f"model_type={kind.describe()}{smooth_quant}")
 
 
 @register("fp16", stage="graph", summary="FP16 weights (OpenVINO IR compressed to FP16, ONNX converted to FP16)")
