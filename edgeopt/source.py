@@ -134,7 +134,13 @@ def to_openvino(module, example_input: tuple, input_names: list[str], output_nam
         with torch.no_grad():
             model = ov.convert_model(module, example_input=example_input)
     except Exception as exc:
-        raise BadInputError(f"OpenVINO cannot convert the PyTorch model ({first_line(exc)})") from exc
+        if isinstance(module, torch.export.ExportedProgram):
+            raise BadInputError(f"OpenVINO cannot convert the PyTorch model ({first_line(exc)})") from exc
+        try:  # code that does not survive torch.jit.trace (e.g. some transformers masks) often exports
+            with torch.no_grad():
+                model = ov.convert_model(torch.export.export(module, tuple(example_input), strict=False))
+        except Exception:
+            raise BadInputError(f"OpenVINO cannot convert the PyTorch model ({first_line(exc)})") from exc
     for port, name in zip(model.inputs, input_names):
         port.get_tensor().set_names({name})
     model.reshape({port: list(tensor.shape) for port, tensor in zip(model.inputs, example_input)})
@@ -165,7 +171,14 @@ def to_onnx(module, example_input: tuple, input_names: list[str], output_names: 
                                       output_names=output_names or _output_names(module, example_input),
                                       opset_version=17)
         except Exception as exc:
-            raise BadInputError(f"torch cannot export the model to ONNX ({first_line(exc)})") from exc
+            if isinstance(module, torch.export.ExportedProgram):
+                raise BadInputError(f"torch cannot export the model to ONNX ({first_line(exc)})") from exc
+            try:  # as in to_openvino: the torch.export-based exporter where tracing fails
+                with torch.no_grad():
+                    torch.onnx.export(module.eval(), tuple(example_input), str(target), dynamo=True,
+                                      input_names=input_names, output_names=output_names, external_data=False)
+            except Exception:
+                raise BadInputError(f"torch cannot export the model to ONNX ({first_line(exc)})") from exc
         return onnx.load(str(target))
 
 

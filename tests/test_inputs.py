@@ -118,7 +118,7 @@ def test_samples_stacked_concatenated_shared_or_given_without_batch_axis(tmp_pat
     np.savez(tmp_path / "b.npz", input=np.zeros((3, 1, 4)), state=np.zeros((3, 2, 1, 3)), sr=np.full(3, 16000))
     assert len(load_samples(tmp_path / "b.npz", specs)) == 3
     np.savez(tmp_path / "c.npz", input=np.zeros((3, 4)), state=np.zeros((2, 3, 4)), sr=np.int64(1))
-    with pytest.raises(BadInputError, match="state.*batch axis 1"):
+    with pytest.raises(BadInputError, match="state.*expects \\[2,1,3\\].*batch axis 1"):
         load_samples(tmp_path / "c.npz", specs)
 
 
