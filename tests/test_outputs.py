@@ -145,4 +145,4 @@ def test_int8_notes_the_detected_transformer(tmp_path, cli):
     assert result.exit_code == 0, result.output
     notes = json.loads((out / "report.json").read_text())["notes"]
     assert any("preset=mixed" in n and "model_type=transformer (fused attention op ScaledDotProductAttention)" in n
-               and "SmoothQuant" in n for n in notes), notes
+               and "chosen by worst-output cosine" in n for n in notes), notes
