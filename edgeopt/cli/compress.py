@@ -36,12 +36,14 @@ from edgeopt.errors import BadInputError, QualityGateError
 @click.option("--package", "package_out", default=None, type=click.Path(dir_okay=False),
               help="With --target: also write a device bundle (.tar.gz) of the validated artifact.")
 @click.option("--build-id", default=None, help="With --package: an identifier recorded in the bundle's manifest.")
+@click.option("--sign", default=None, metavar="KEY", help="With --package: sign the bundle with this Ed25519 "
+              "private key (file, or env:NAME).")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--json", "json_out", default=None, help="Write the report as JSON to this file ('-' for stdout).")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 @weight_options
 def compress(model, calibration, out, formats, precision, recipe, eval_data, max_drop, min_cosine, input_shapes,
-             seed, json_out, quiet, target, validate_runs, validate_seconds, package_out, build_id, train_data,
+             seed, json_out, quiet, target, validate_runs, validate_seconds, package_out, build_id, sign, train_data,
              step_report,
              min_token_agreement, max_perplexity_ratio, **weight_args):
     """Compress MODEL (ONNX, OpenVINO IR, file.py:factory, TorchScript or .pt2) and write IR/ONNX to OUT."""
@@ -56,6 +58,12 @@ def compress(model, calibration, out, formats, precision, recipe, eval_data, max
 
     if package_out and not target:
         raise BadInputError("--package needs --target (the bundle carries the target's settings and budgets)")
+    if sign and not package_out:
+        raise BadInputError("--sign needs --package (it signs the bundle)")
+    if sign:
+        from edgeopt.signing import Signer
+
+        sign = Signer(sign)  # a bad key fails now, not after compressing
     if formats is None:
         formats = "openvino" if model.lower().endswith(".xml") else "openvino,onnx"
     weights = weights_step(weight_args, target)
@@ -86,7 +94,8 @@ def compress(model, calibration, out, formats, precision, recipe, eval_data, max
     if package_out:
         from edgeopt.packaging import package
 
-        bundle = package(result.out, profile, package_out, report=validations[0].to_dict(), build_id=build_id)
+        bundle = package(result.out, profile, package_out, report=validations[0].to_dict(), build_id=build_id,
+                         sign=sign)
         if not quiet and json_out != "-":
             click.echo(f"{bundle.path}: {bundle.bytes} bytes, sha256 {bundle.sha256}")
 

@@ -4,8 +4,12 @@ Checks the bundle, extracts it to a temporary folder, measures its model with th
 in a separate process (latency distribution, peak RSS), checks the bundled budgets and writes JSON / JUnit.
 Needs numpy and the one runtime the manifest names; no torch, nncf, click or rich. Plain text, no prompts.
 
-Exit codes: 0 ok, 1 internal error, 2 bad input (missing, tampered or truncated bundle, missing runtime),
-4 a device budget failed.
+With ``--trust PUBKEY`` (repeatable: PEM files or folders of them) a bundle must be signed by one of those
+keys; the signature is checked (with ``cryptography``, else the ``openssl`` command) before anything is
+extracted, and the check is refused, not skipped, when neither is there.
+
+Exit codes: 0 ok, 1 internal error, 2 bad input (missing, tampered or truncated bundle, unsigned or not signed
+by a trusted key, missing runtime), 4 a device budget failed.
 """
 
 from __future__ import annotations
@@ -51,8 +55,12 @@ def _parser() -> argparse.ArgumentParser:
     validate.add_argument("--junit", dest="junit_out", help="write a JUnit XML report, one test case per budget")
     validate.add_argument("--quiet", action="store_true", help="print nothing but errors")
     validate.set_defaults(run=_validate)
-    verify = commands.add_parser("verify", help="check checksums and manifest only")
+    verify = commands.add_parser("verify", help="check checksums, manifest and signature only")
     verify.add_argument("bundle")
+    for command in (validate, verify):
+        command.add_argument("--trust", action="append", metavar="PUBKEY",
+                             help="accept only a bundle signed by this Ed25519 public key (PEM file, or a folder of "
+                                  "*.pem/*.pub); repeatable")
     verify.add_argument("--json", dest="json_out", help="write the result as JSON to this file ('-': stdout)")
     verify.add_argument("--quiet", action="store_true", help="print nothing but errors")
     verify.set_defaults(run=_verify)
@@ -72,7 +80,7 @@ def _verify(args) -> None:
     from edgeopt.atomic import write_text
     from edgeopt.device.bundle import describe, open_bundle, summary
 
-    bundle = open_bundle(args.bundle)
+    bundle = open_bundle(args.bundle, trust=_trust(args))
     if args.json_out == "-":
         print(json.dumps(describe(bundle), indent=2))
     elif args.json_out:
@@ -81,12 +89,18 @@ def _verify(args) -> None:
         print(summary(bundle))
 
 
+def _trust(args):
+    from edgeopt.device.signature import load_trust
+
+    return load_trust(args.trust) if args.trust else None
+
+
 def _validate(args) -> None:
     from edgeopt.device.bundle import open_bundle
     from edgeopt.device.reports import write_json, write_junit
 
     with tempfile.TemporaryDirectory(prefix="edgeopt-bundle-") as tmp:
-        bundle = open_bundle(args.bundle, extract_to=tmp)
+        bundle = open_bundle(args.bundle, extract_to=tmp, trust=_trust(args))
         report = validate_bundle(bundle, args.runs, args.warmup, args.min_seconds)
     if args.json_out:
         write_json(report, args.json_out)
