@@ -156,7 +156,7 @@ def show(manifest: dict) -> list[str]:
         weights = f"; weights as loaded {model['weights_sha256']}" if model["weights_sha256"] else ""
         lines.append(f"source model: {model['name']} (sha256 {files}{weights})")
     else:
-        lines.append("source model: not recorded (packaged from a model file, not an `edgeopt compress` folder)")
+        lines.append("source model: not recorded (the artifact had no `edgeopt compress` report listing its inputs)")
     for role, record in provenance["data"].items():
         if record:
             lines.append(f"{role} data: {record['name']} sha256 {record['sha256']}, {record['samples']} samples "
