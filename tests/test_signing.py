@@ -347,3 +347,30 @@ def _host(*args) -> subprocess.CompletedProcess:
 def _device(python: str, *args, env: dict, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([python, "-m", "edgeopt.device", *map(str, args)], capture_output=True, text=True, env=env,
                           cwd=cwd, timeout=300)
+
+
+@pytest.mark.parametrize("signature, message", [
+    (b"{not json", "signature.json: not valid JSON"),
+    (b'{"schema": "edgeopt-signature/1"}', "expected exactly the string fields"),
+    (b" " * (64 << 10) + b"{}", "'signature.json' is 65538 bytes \\(limit 65536\\)"),
+])
+def test_malformed_signatures_are_refused_before_any_file(keys, signed, tmp_path, signature, message):
+    bad = _tamper(signed, tmp_path / "bad.tar.gz", member_edit=lambda name, data: signature if name == SIGNATURE
+                  else data)
+    for trust in (None, load_trust([keys[0].public])):
+        with pytest.raises(BadInputError, match=message):
+            open_bundle(bad, extract_to=tmp_path / "x", trust=trust)
+        assert not any((tmp_path / "x").iterdir())
+
+
+def test_trust_list_takes_only_ed25519_keys(tmp_path):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    rsa_pub = rsa.generate_private_key(public_exponent=65537, key_size=2048).public_key()
+    path = tmp_path / "rsa.pem"
+    path.write_bytes(rsa_pub.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    with pytest.raises(BadInputError, match="not Ed25519"):
+        load_trust([path])
+    with pytest.raises(BadInputError, match="cannot read"):
+        load_trust([tmp_path / "missing.pub"])
