@@ -374,3 +374,11 @@ def test_trust_list_takes_only_ed25519_keys(tmp_path):
         load_trust([path])
     with pytest.raises(BadInputError, match="cannot read"):
         load_trust([tmp_path / "missing.pub"])
+
+
+def test_with_a_trust_list_the_signature_is_checked_before_the_manifest_is_read(keys, signed, tmp_path):
+    broken = _tamper(signed, tmp_path / "bad.tar.gz", manifest_edit=lambda m, _: m.update(colour="red"))
+    with pytest.raises(BadInputError, match="bad signature"):
+        open_bundle(broken, trust=load_trust([keys[0].public]))
+    with pytest.raises(BadInputError, match="unknown key\\(s\\) colour"):
+        open_bundle(broken)

@@ -118,7 +118,7 @@ def open_bundle(path: str | Path, extract_to: str | Path | None = None,
     """Check ``path`` completely (gzip integrity, entry types and names, manifest schema, sizes and sha256 of
     every file); with ``extract_to`` (an empty or missing folder), also write the files there (on failure it
     may hold some of them: extract into a temporary folder). With ``trust``, the bundle must be signed by one of
-    those keys; the signature is checked before any file is read past the manifest."""
+    those keys; the signature is checked before the manifest is parsed or any other file read."""
     path = Path(path)
     if not path.is_file():
         raise BadInputError(f"{path}: no such bundle")
@@ -145,7 +145,7 @@ def open_bundle(path: str | Path, extract_to: str | Path | None = None,
 
 
 def _read_members(path: Path, gz, root: Path | None, trust) -> tuple[dict, SignatureCheck]:
-    manifest, text, signature, seen = None, b"", None, set()
+    text, manifest, signature, seen = None, None, None, set()
     with tarfile.open(fileobj=gz, mode="r|") as tar:
         for member in tar:
             name = member.name
@@ -158,12 +158,13 @@ def _read_members(path: Path, gz, root: Path | None, trust) -> tuple[dict, Signa
             if not member.isreg():
                 kind = "link" if member.issym() or member.islnk() else "special file"
                 raise BadInputError(f"{path}: '{name}' is a {kind}; bundles hold regular files only, refused")
-            if manifest is None:
-                manifest, text = _first_member(path, tar, member)
+            if text is None:
+                text = _manifest_bytes(path, tar, member)
                 continue
-            if signature is None:  # the entry after the manifest: the signature, if any, is checked first
+            if manifest is None:  # the entry after the manifest: a signature is checked before the manifest is read
                 signed = name == SIGNATURE
                 signature = check_signature(text, _small(path, tar, member) if signed else None, trust, str(path))
+                manifest = _parse_manifest(path, text)
                 if signed:
                     continue
             entry = manifest["files"].get(name)
@@ -175,28 +176,32 @@ def _read_members(path: Path, gz, root: Path | None, trust) -> tuple[dict, Signa
             digest = _copy(tar.extractfile(member), root / name if root else None)
             if digest != entry["sha256"]:
                 raise BadInputError(f"{path}: '{name}' fails its sha256 check (tampered or corrupt)")
-    if manifest is None:
+    if text is None:
         raise BadInputError(f"{path}: empty archive, no {MANIFEST}")
-    if signature is None:
+    if manifest is None:
         signature = check_signature(text, None, trust, str(path))
+        manifest = _parse_manifest(path, text)
     missing = sorted(set(manifest["files"]) - seen)
     if missing:
         raise BadInputError(f"{path}: missing file(s) listed in the manifest: {', '.join(missing)}")
     return manifest, signature
 
 
-def _first_member(path: Path, tar: tarfile.TarFile, member: tarfile.TarInfo) -> tuple[dict, bytes]:
+def _manifest_bytes(path: Path, tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
     if member.name != MANIFEST:
         raise BadInputError(f"{path}: the first entry must be {MANIFEST}, found '{member.name}'")
     if member.size > MAX_MANIFEST_BYTES:
         raise BadInputError(f"{path}: {MANIFEST} is {member.size} bytes (limit {MAX_MANIFEST_BYTES}); refused")
-    text = tar.extractfile(member).read()
+    return tar.extractfile(member).read()
+
+
+def _parse_manifest(path: Path, text: bytes) -> dict:
     try:
         manifest = json.loads(text.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadInputError(f"{path}: {MANIFEST} is not valid JSON ({first_line(exc)})") from exc
     check_manifest(manifest, f"{path}: {MANIFEST}")
-    return manifest, text
+    return manifest
 
 
 def _small(path: Path, tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
