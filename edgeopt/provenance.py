@@ -79,11 +79,13 @@ def samples_digest(samples) -> str:
 
 
 def _weights_digest(module) -> str:
-    """sha256 over the module's state dict (name, dtype, shape, bytes of every tensor), in its order."""
+    """sha256 over the module's state dict (name, dtype, shape, bytes of every tensor), in its order; a
+    ``torch.export`` program holds its state dict as an attribute."""
     import torch
 
+    state = module.state_dict() if callable(module.state_dict) else module.state_dict
     digest = hashlib.sha256()
-    for name, tensor in module.state_dict().items():
+    for name, tensor in state.items():
         array = tensor.detach().cpu().contiguous()
         digest.update(f"{name}\0{array.dtype}\0{list(array.shape)}\0".encode())
         digest.update(array.view(-1).view(torch.uint8).numpy().tobytes() if array.numel() else b"")
