@@ -102,9 +102,10 @@ def compress(model: str | Path, calibration: str | Path, *, out: str | Path, rec
         calib = load_samples(calibration, source.inputs)
         evaluation = load_samples(eval_data, source.inputs) if eval_data else None
         train = load_samples(train_data, source.inputs) if train_data else None
-        inputs = describe_inputs(model, source, {"calibration": (calibration, calib),
-                                                 "evaluation": (eval_data, evaluation) if evaluation is not None else None,
-                                                 "training": (train_data, train) if train is not None else None})
+        inputs = describe_inputs(model, source, {
+            "calibration": (calibration, calib),
+            "evaluation": (eval_data, evaluation) if evaluation is not None else None,
+            "training": (train_data, train) if train is not None else None})
     if step_report is None:
         step_report = any(get_pass(s.name).stage == "torch" for s in recipe.steps)
     recorder = StepRecorder(source, evaluation or calib) if step_report else None

@@ -124,7 +124,8 @@ def statement(provenance: dict, subjects: dict[str, dict], build_id: str | None)
     dependencies = []
     model = provenance["source_model"]
     if model:
-        dependencies += [{"name": f"model/{name}", "digest": {"sha256": value}} for name, value in model["files"].items()]
+        dependencies += [{"name": f"model/{name}", "digest": {"sha256": value}}
+                         for name, value in model["files"].items()]
     for role, record in provenance["data"].items():
         if record:
             dependencies.append({"name": f"{role}/{record['name']}", "digest": {"sha256": record["sha256"]}})
