@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edgeopt import atomic
+from edgeopt import atomic, jsonio
 from edgeopt.data import SampleSet, load_samples
 from edgeopt.device.host import host_info
 from edgeopt.device.runtime import RuntimeSettings
@@ -116,7 +115,7 @@ def compress(model: str | Path, calibration: str | Path, *, out: str | Path, rec
         if evaluation is not None:
             with timer("evaluate"):
                 _evaluate(result, source, evaluation)
-        atomic.write_text(tmp / "report.json", json.dumps(result.describe() | {"seconds": timer.seconds}, indent=2))
+        atomic.write_text(tmp / "report.json", jsonio.dumps(result.describe() | {"seconds": timer.seconds}, indent=2))
     result.out, result.artifacts = out, [a.moved_to(out) for a in artifacts]
     return result
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import json
 
+from edgeopt import jsonio
 import click
+
+from edgeopt.cli.out_options import force_option, guard_outputs
+from edgeopt.out_guard import input_bytes
 
 
 @click.command()
@@ -26,8 +29,9 @@ import click
 @click.option("--min-seconds", default=2.0, show_default=True, type=click.FloatRange(min=0))
 @click.option("--json", "json_out", default=None, help="Write the result (with the manifest) as JSON ('-': stdout).")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
+@force_option
 def package(artifact, target, out, formats, report, build_id, preprocess, input_shapes, runs, warmup, min_seconds,
-            json_out, quiet):
+            json_out, quiet, force):
     """Validate ARTIFACT (.xml, .onnx or an `edgeopt compress` folder) on a target and write a device bundle.
 
     Exit 0 ok, 2 bad input, 3 the artifact failed its quality gate, 4 a device budget failed (nothing written).
@@ -37,6 +41,7 @@ def package(artifact, target, out, formats, report, build_id, preprocess, input_
     from edgeopt.packaging import package as run_package
     from edgeopt.source import parse_input_shapes
 
+    guard_outputs(None, force, json_out=json_out, bundle=out, needs_bytes=2 * input_bytes(artifact))
     result = run_package(artifact, target, out, formats=parse_formats(formats) if formats else None, report=report,
                          build_id=build_id, preprocess=preprocess, input_shapes=parse_input_shapes(input_shapes),
                          measurement=Measurement(runs, warmup, min_seconds))
@@ -47,11 +52,15 @@ def package(artifact, target, out, formats, report, build_id, preprocess, input_
 @click.argument("bundle", type=click.Path(dir_okay=False))
 @click.option("--json", "json_out", default=None, help="Write the result (with the manifest) as JSON ('-': stdout).")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
-def verify(bundle, json_out, quiet):
+@click.option("--max-extract-mb", type=click.FloatRange(min=0), default=None,
+              help="Largest total size of the bundle's files (default: 100x the bundle's size, at least 64 MiB, "
+                   "at most 16 GiB).")
+def verify(bundle, json_out, quiet, max_extract_mb):
     """Check BUNDLE: manifest schema, size and sha256 of every file, safe paths. Exit 0 ok, 2 otherwise."""
     from edgeopt.device.bundle import describe, open_bundle, summary
 
-    checked = open_bundle(bundle)
+    guard_outputs(None, False, json_out=json_out)
+    checked = open_bundle(bundle, max_bytes=None if max_extract_mb is None else int(max_extract_mb * 1e6))
     emit(describe(checked), summary(checked), json_out, quiet)
 
 
@@ -60,8 +69,8 @@ def emit(data: dict, line: str, json_out: str | None, quiet: bool) -> None:
     from edgeopt import atomic
 
     if json_out == "-":
-        click.echo(json.dumps(data, indent=2))
+        click.echo(jsonio.dumps(data, indent=2))
     elif json_out:
-        atomic.write_text(json_out, json.dumps(data, indent=2) + "\n")
+        atomic.write_text(json_out, jsonio.dumps(data, indent=2) + "\n")
     if not quiet and json_out != "-":
         click.echo(line)
