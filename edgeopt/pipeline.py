@@ -101,9 +101,18 @@ def compress(model: str | Path, calibration: str | Path, *, out: str | Path, rec
     if step_report is None:
         step_report = any(get_pass(s.name).stage == "torch" for s in recipe.steps)
     recorder = StepRecorder(source, evaluation or calib) if step_report else None
+    try:
+        return _compress(source, recipe, calib, evaluation, train, Path(out), formats, gate, seed, eval_settings,
+                         quiet, recorder, timer)
+    finally:
+        if recorder:
+            recorder.close()
+
+
+def _compress(source, recipe, calib, evaluation, train, out, formats, gate, seed, eval_settings, quiet, recorder,
+              timer) -> CompressResult:
     working, fp32_ir_bytes, fp32_weights = _run_recipe(source, recipe, calib, formats, seed, timer, evaluation,
                                                        train=train, quiet=quiet, observe=recorder)
-    out = Path(out)
     with atomic.atomic_dir(out) as tmp:
         with timer("save"):
             artifacts = save_artifacts(working, tmp, formats)

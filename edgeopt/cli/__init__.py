@@ -26,6 +26,10 @@ class _Group(click.Group):
         except EdgeoptError as exc:
             click.echo(f"edgeopt: {exc}", err=True)
             sys.exit(exc.exit_code)
+        except click.UsageError as exc:  # a bad option value: one line too, like any bad input
+            where = exc.ctx.command_path if exc.ctx else "edgeopt"
+            click.echo(f"edgeopt: {exc.format_message()} (see '{where} --help')", err=True)
+            sys.exit(exc.exit_code)
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
             raise
         except signals.Terminated as exc:

@@ -40,7 +40,8 @@ class SingleGzip:
         """Read what is left (tar padding) and check the trailer; anything after the member is refused."""
         while self.read(_CHUNK):
             pass
-        trailer = self._inflate.unused_data + self._raw.read(8 - len(self._inflate.unused_data))
+        trailer = self._inflate.unused_data
+        trailer += self._raw.read(max(0, 8 - len(trailer)))
         if len(trailer) < 8:
             raise EOFError("the gzip trailer is missing")
         crc, size = struct.unpack("<II", trailer[:8])
@@ -53,7 +54,7 @@ class SingleGzip:
     def _header(self) -> None:
         head = self._exact(10)
         if head[:3] != b"\x1f\x8b\x08":
-            raise BadInputError(f"{self._source}: not a gzip-compressed bundle")
+            raise BadInputError(f"{self._source}: truncated or corrupt bundle (not gzip data)")
         flags = head[3]
         if flags & _FEXTRA:
             (length,) = struct.unpack("<H", self._exact(2))
