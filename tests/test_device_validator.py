@@ -36,7 +36,7 @@ class _Block:
 sys.meta_path.insert(0, _Block())
 """
 # What a device needs of edgeopt: copied alone onto a bare PYTHONPATH for the runtime-only venv.
-LEAN_FILES = ("__init__.py", "errors.py", "atomic.py", "device")
+LEAN_FILES = ("__init__.py", "errors.py", "atomic.py", "jsonio.py", "signals.py", "out_guard.py", "device")
 
 
 @pytest.fixture(scope="module")

@@ -47,7 +47,7 @@ class Budgets:
             if value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise BadInputError(f"{source}: budget '{key}' must be a positive finite number, got {value!r}")
+                raise BadInputError(f"{source}: budget '{key}' must be a positive number, got {value!r}")
             values[key] = float(value)
         return cls(**values)
 
