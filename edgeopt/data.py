@@ -116,11 +116,12 @@ def _labels(source: str, labels) -> np.ndarray:
         return array.astype(np.int64).reshape(-1)
     if array.dtype.kind != "f":
         raise BadInputError(f"{source}: labels have dtype {array.dtype}; class indices must be integers")
-    bad = np.flatnonzero(~np.isfinite(array.reshape(-1)) | (array.reshape(-1) != np.round(array.reshape(-1))))
+    flat = array.reshape(-1)
+    bad = np.flatnonzero(~np.isfinite(flat) | (flat != np.round(flat)))
     if bad.size:
-        raise BadInputError(f"{source}: label {bad[0]} is {array.reshape(-1)[bad[0]]!r}, not a whole class index "
+        raise BadInputError(f"{source}: label {bad[0]} is {float(flat[bad[0]])}, not a whole class index "
                             f"(refusing to truncate float labels)")
-    return array.astype(np.int64).reshape(-1)
+    return flat.astype(np.int64)
 
 
 def _check_sample(source: str, index: int, sample: dict[str, np.ndarray], inputs: list[TensorSpec]) -> dict:

@@ -34,10 +34,9 @@ def check_param_types(function: Callable, params: dict, where: str) -> None:
 
 def _allowed(parameter: inspect.Parameter) -> list[str]:
     annotation = parameter.annotation
-    if annotation is inspect.Parameter.empty:
-        default = parameter.default
-        return [] if default is inspect.Parameter.empty or default is None else \
-            [k for k, v in _TYPES.items() if type(default) in v and k != "float" or k == "float" and type(default) is float][:1]
+    if annotation is inspect.Parameter.empty:  # no annotation: the default's type, when it has one
+        name = type(parameter.default).__name__
+        return [name] if name in _TYPES and name != "NoneType" else []
     text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
     text = re.sub(r"\[[^\[\]]*\]", "", re.sub(r"\[[^\[\]]*\]", "", text))  # list[str] -> list (two levels)
     tokens = [t.strip() for t in text.split("|")]
