@@ -335,7 +335,8 @@ case("calib-object-array", mention="not a readable .npz")(
     lambda ctx: compress(ctx, calib=_pickled(ctx)))
 case("calib-not-a-zip", mention="not a readable .npz")(lambda ctx: compress(ctx, calib=write(ctx, "c.npz", "hello")))
 case("calib-empty-file", mention="not a readable .npz")(lambda ctx: compress(ctx, calib=write(ctx, "c.npz", b"")))
-case("calib-npy-garbage", mention="not a readable .npy")(lambda ctx: compress(ctx, calib=write(ctx, "c.npy", b"\x93NUMPY")))
+case("calib-npy-garbage", mention="not a readable .npy")(
+    lambda ctx: compress(ctx, calib=write(ctx, "c.npy", b"\x93NUMPY")))
 case("calib-unknown-format", mention="unknown data format")(lambda ctx: compress(ctx, calib=write(ctx, "c.csv", "1,2")))
 case("calib-missing", mention="no such data")(lambda ctx: compress(ctx, calib=ctx.inputs / "nope.npz"))
 case("calib-folder-corrupt-image", mention="not a readable image")(
@@ -386,7 +387,8 @@ case("recipe-int8-int8", mention="more than one precision step")(lambda ctx: com
 case("recipe-int8-fp16", mention="more than one precision step")(lambda ctx: compress(ctx, "--recipe", "int8,fp16"))
 case("recipe-fp16-weights", mention="more than one precision step")(
     lambda ctx: compress(ctx, "--recipe", "fp16,weights"))
-case("recipe-torch-step-on-onnx", mention="need(s) a PyTorch model")(lambda ctx: compress(ctx, "--recipe", "prune,int8"))
+case("recipe-torch-step-on-onnx", mention="need(s) a PyTorch model")(
+    lambda ctx: compress(ctx, "--recipe", "prune,int8"))
 case("factory-returns-strings", mention="not a torch.nn.Module")(
     lambda ctx: compress(ctx, model=factory(ctx, "def build():\n    return ('a', 'b')\n")))
 case("factory-returns-none", mention="must return (module, example_input)")(
@@ -399,9 +401,11 @@ case("torchscript-wrong-channels", mention="does not run on inputs of shape")(
     lambda ctx: compress(ctx, "--input-shape", "x=1,3,16,16", model=_torchscript(ctx),
                          calib=npz(ctx, "c.npz", x=np.zeros((4, 3, 16, 16), np.float32))))
 case("torchscript-without-shape", mention="--input-shape")(lambda ctx: compress(ctx, model=_torchscript(ctx)))
-case("torchscript-garbage", mention="not a TorchScript")(lambda ctx: compress(ctx, model=write(ctx, "m.pt", b"PK\x03\x04junk")))
+case("torchscript-garbage", mention="not a TorchScript")(
+    lambda ctx: compress(ctx, model=write(ctx, "m.pt", b"PK\x03\x04junk")))
 case("pt2-garbage", mention="not a TorchScript")(lambda ctx: compress(ctx, model=write(ctx, "m.pt2", b"junk")))
-case("model-unknown-suffix", mention="unknown model format")(lambda ctx: compress(ctx, model=write(ctx, "m.tflite", b"x")))
+case("model-unknown-suffix", mention="unknown model format")(
+    lambda ctx: compress(ctx, model=write(ctx, "m.tflite", b"x")))
 case("model-is-a-folder", mention="unknown model format")(lambda ctx: compress(ctx, model=ctx.inputs))
 case("model-py-without-function", mention="name the factory")(lambda ctx: compress(ctx, model=write(ctx, "m.py", "")))
 case("model-missing", mention="no such model")(lambda ctx: compress(ctx, model=ctx.inputs / "none.onnx"))

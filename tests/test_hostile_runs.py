@@ -135,6 +135,24 @@ def test_stale_sibling_of_a_killed_run_is_cleaned_by_the_next_run(tmp_path, tiny
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
+@pytest.mark.slow
+def test_concurrent_compresses_to_one_out_both_succeed_and_leave_one_whole_output(tmp_path, tiny_onnx, tiny_calib):
+    import hashlib
+
+    work, tmp = tmp_path / "work", tmp_path / "tmp"
+    work.mkdir(), tmp.mkdir()
+    procs = [start([*PYTHON_CLI, "compress", tiny_onnx, "--calib", tiny_calib, "--out", work / "out", "--quiet",
+                    "--seed", str(seed)], tmp, tmp_path) for seed in (0, 1)]
+    for proc in procs:
+        code, stderr = finish(proc, timeout=300)
+        assert code == 0, stderr
+    assert sorted(p.name for p in work.iterdir()) == ["out"] and list(tmp.iterdir()) == []
+    report = json.loads((work / "out" / "report.json").read_text())
+    for artifact in report["artifacts"]:  # the files are the ones its report describes: one run's, whole
+        for name, entry in artifact["files"].items():
+            assert hashlib.sha256((work / "out" / name).read_bytes()).hexdigest() == entry["sha256"]
+
+
 # 3. signals: validate and the device validator kill their measuring child -----------------------------------------
 
 @pytest.mark.slow
