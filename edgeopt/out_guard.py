@@ -51,12 +51,16 @@ def check_out_file(out: str | os.PathLike, force: bool = False, needs_bytes: int
 
 
 def is_own_folder(path: Path) -> bool:
-    """A folder edgeopt wrote: it holds a ``report.json`` of ``compress`` or ``optimize``."""
+    """A folder edgeopt wrote: it holds a ``report.json`` of ``compress`` or ``optimize`` (by its keys, or an
+    ``edgeopt...`` schema name)."""
     try:
         report = json.loads((path / "report.json").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
         return False
-    return isinstance(report, dict) and any(keys <= set(report) for keys in _REPORT_KEYS)
+    if not isinstance(report, dict):
+        return False
+    schema = str(report.get("schema", report.get("schema_version", "")))
+    return any(keys <= set(report) for keys in _REPORT_KEYS) or schema.startswith("edgeopt")
 
 
 def is_own_json(path: Path) -> bool:
@@ -64,6 +68,17 @@ def is_own_json(path: Path) -> bool:
     try:
         return isinstance(json.loads(path.read_text(encoding="utf-8")), (dict, list))
     except (OSError, UnicodeDecodeError, ValueError):
+        return False
+
+
+def is_own_report(path: Path) -> bool:
+    """A JSON report, or an XML (JUnit) report: what ``--json`` / ``--junit`` write."""
+    if is_own_json(path):
+        return True
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(5) == b"<?xml"
+    except OSError:
         return False
 
 

@@ -10,8 +10,8 @@ from edgeopt import jsonio
 from edgeopt.cli.weight_options import recipe_with_weights, weight_options, weights_step
 from edgeopt.cli.gate_options import gate_options, quality_gate
 from edgeopt.cli.out_options import force_option, guard_outputs
-from edgeopt.out_guard import input_bytes
 from edgeopt.errors import BadInputError, QualityGateError
+from edgeopt.out_guard import input_bytes
 
 
 @click.command()

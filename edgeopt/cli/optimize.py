@@ -11,8 +11,8 @@ import click
 from edgeopt import jsonio
 from edgeopt.cli.gate_options import gate_options, quality_gate
 from edgeopt.cli.out_options import force_option, guard_outputs
-from edgeopt.out_guard import input_bytes
 from edgeopt.errors import BudgetError, QualityGateError
+from edgeopt.out_guard import input_bytes
 from edgeopt.targets import OBJECTIVES
 
 _STYLE = {"chosen": "bold green", "closest": "bold yellow", "pass": "green", "fail": "red", "skipped": "dim"}

@@ -19,14 +19,6 @@ def guard_outputs(out: str | None, force: bool, *, needs_bytes: int = 0, json_ou
     if bundle:
         out_guard.check_out_file(bundle, force, needs_bytes, option="--package" if out else "--out",
                                  own=out_guard.is_own_bundle)
-    for option, path, own in (("--json", json_out, out_guard.is_own_json), ("--junit", junit_out, _is_xml)):
+    for option, path in (("--json", json_out), ("--junit", junit_out)):
         if path and path != "-":
-            out_guard.check_out_file(path, force, option=option, own=own)
-
-
-def _is_xml(path) -> bool:
-    try:
-        with open(path, "rb") as handle:
-            return handle.read(5) == b"<?xml"
-    except OSError:
-        return False
+            out_guard.check_out_file(path, force, option=option, own=out_guard.is_own_report)

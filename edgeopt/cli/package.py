@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-
-from edgeopt import jsonio
 import click
 
+from edgeopt import jsonio
 from edgeopt.cli.out_options import force_option, guard_outputs
 from edgeopt.out_guard import input_bytes
 

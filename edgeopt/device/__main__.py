@@ -118,11 +118,11 @@ def _validate(args) -> None:
 
 def guard_reports(args) -> None:
     """Refuse, before any work, report paths that are folders or files edgeopt did not write."""
-    from edgeopt.out_guard import check_out_file, is_own_json
+    from edgeopt.out_guard import check_out_file, is_own_report
 
     for option, path in (("--json", args.json_out), ("--junit", getattr(args, "junit_out", None))):
         if path and path != "-":
-            check_out_file(path, option=option, own=lambda p: is_own_json(p) or p.read_bytes()[:5] == b"<?xml")
+            check_out_file(path, option=option, own=is_own_report)
 
 
 def validate_bundle(bundle, runs: int, warmup: int, min_seconds: float):
