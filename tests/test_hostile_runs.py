@@ -386,3 +386,16 @@ def test_json_writers_refuse_nan_and_write_null(tmp_path):
                  if ("json.dump(" in line or "json.dumps(" in line) and "allow_nan=False" not in line
                  and "hashlib" not in line and "got {json.dumps" not in line]
     assert not offenders, f"JSON written without allow_nan=False (use edgeopt.jsonio.dumps): {offenders}"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes to read-only folders: the check cannot be seen")
+def test_read_only_out_folder_is_refused_before_any_work(tmp_path, tiny_onnx, tiny_calib, cli):
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    parent.chmod(0o555)
+    try:
+        result = cli("compress", tiny_onnx, "--calib", tiny_calib, "--out", parent / "out")
+    finally:
+        parent.chmod(0o755)
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"edgeopt: cannot write {parent / 'out'}: {parent} is not writable"
