@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edgeopt import atomic
+from edgeopt import atomic, jsonio
 from edgeopt.data import SampleSet, load_samples
 from edgeopt.device.host import host_info
 from edgeopt.device.runtime import RuntimeSettings
@@ -109,9 +108,18 @@ def compress(model: str | Path, calibration: str | Path, *, out: str | Path, rec
     if step_report is None:
         step_report = any(get_pass(s.name).stage == "torch" for s in recipe.steps)
     recorder = StepRecorder(source, evaluation or calib) if step_report else None
+    try:
+        return _compress(source, recipe, calib, evaluation, train, Path(out), formats, gate, seed, eval_settings,
+                         quiet, recorder, timer)
+    finally:
+        if recorder:
+            recorder.close()
+
+
+def _compress(source, recipe, calib, evaluation, train, out, formats, gate, seed, eval_settings, quiet, recorder,
+              timer) -> CompressResult:
     working, fp32_ir_bytes, fp32_weights = _run_recipe(source, recipe, calib, formats, seed, timer, evaluation,
                                                        train=train, quiet=quiet, observe=recorder)
-    out = Path(out)
     with atomic.atomic_dir(out) as tmp:
         with timer("save"):
             artifacts = save_artifacts(working, tmp, formats)
@@ -123,7 +131,7 @@ def compress(model: str | Path, calibration: str | Path, *, out: str | Path, rec
         if evaluation is not None:
             with timer("evaluate"):
                 _evaluate(result, source, evaluation)
-        atomic.write_text(tmp / "report.json", json.dumps(result.describe() | {"seconds": timer.seconds}, indent=2))
+        atomic.write_text(tmp / "report.json", jsonio.dumps(result.describe() | {"seconds": timer.seconds}, indent=2))
     result.out, result.artifacts = out, [a.moved_to(out) for a in artifacts]
     return result
 

@@ -46,7 +46,7 @@ input_shapes = {{ input = [1, 1, 8, 8] }}
 """
 FAST = ("--runs", "20", "--warmup", "2", "--min-seconds", "0")
 # What a device needs of edgeopt: copied alone onto a bare PYTHONPATH for the runtime-only venv.
-LEAN_FILES = ("__init__.py", "errors.py", "atomic.py", "device")
+LEAN_FILES = ("__init__.py", "errors.py", "atomic.py", "jsonio.py", "signals.py", "out_guard.py", "device")
 
 
 def session_dir(tmp_path_factory) -> Path:

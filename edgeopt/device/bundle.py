@@ -3,24 +3,25 @@
 Format (written by ``edgeopt.bundle``): a gzip-compressed ustar archive of regular files only, the first
 entry ``manifest.json``, then, in a signed bundle, ``signature.json`` (see ``edgeopt.device.signature``); the
 manifest lists every other file with its size and sha256. The reader refuses absolute paths, ``..``, links,
-devices, duplicate names and files the manifest does not list, and checks the gzip trailer, so a truncated or
-tampered bundle fails with one clear message. Given a trust list, it checks the signature before it extracts
-any file.
+devices, duplicate names, files the manifest does not list, a declared total size over the extraction limit,
+and anything after the one gzip member; it checks the gzip trailer, so a truncated or tampered bundle fails
+with one clear message. Given a trust list, it checks the signature before it extracts any file.
 
 Lean module: standard library only.
 """
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
+import os
 import posixpath
 import tarfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from edgeopt.device.gzip_member import SingleGzip
 from edgeopt.device.signature import MAX_SIGNATURE_BYTES, SIGNATURE, PublicKey, SignatureCheck
 from edgeopt.device.signature import check as check_signature
 from edgeopt.errors import BadInputError, first_line
@@ -28,6 +29,9 @@ from edgeopt.errors import BadInputError, first_line
 SCHEMA = "edgeopt-bundle/2"  # /2 adds provenance; /1 bundles are still read
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 4 << 20
+MAX_EXTRACT_BYTES = 16 << 30  # hard ceiling on a bundle's extracted size, unless the caller gives a limit
+MAX_RATIO = 100  # extracted / compressed: model weights compress ~1-4x; 100x is a decompression bomb
+MIN_LIMIT_BYTES = 64 << 20  # the ratio limit never goes below this
 _CHUNK = 1 << 20
 
 # Manifest schema as data: key -> expected type(s), or a nested dict for an object. Every key is required;
@@ -113,12 +117,14 @@ def check_member_name(name: str, source: str) -> None:
         raise BadInputError(f"{source}: unsafe path '{name}' (absolute, '..', or not canonical); refused")
 
 
-def open_bundle(path: str | Path, extract_to: str | Path | None = None,
+def open_bundle(path: str | Path, extract_to: str | Path | None = None, max_bytes: int | None = None,
                 trust: tuple[PublicKey, ...] | None = None) -> Bundle:
-    """Check ``path`` completely (gzip integrity, entry types and names, manifest schema, sizes and sha256 of
-    every file); with ``extract_to`` (an empty or missing folder), also write the files there (on failure it
-    may hold some of them: extract into a temporary folder). With ``trust``, the bundle must be signed by one of
-    those keys; the signature is checked before the manifest is parsed or any other file read."""
+    """Check ``path`` completely (gzip integrity, nothing after the archive, entry types and names, manifest
+    schema, sizes and sha256 of every file); with ``extract_to`` (an empty or missing folder), also write the
+    files there (on failure it may hold some of them: extract into a temporary folder). The files' total size
+    the manifest declares may not exceed ``max_bytes`` (see ``extract_limit``); no file is read past its
+    declared size. With ``trust``, the bundle must be signed by one of those keys; the signature is checked
+    before the manifest is parsed or any other file read."""
     path = Path(path)
     if not path.is_file():
         raise BadInputError(f"{path}: no such bundle")
@@ -132,19 +138,38 @@ def open_bundle(path: str | Path, extract_to: str | Path | None = None,
         raw = open(path, "rb")
     except OSError as exc:
         raise BadInputError(f"{path}: cannot read ({first_line(exc)})") from exc
+    limit = extract_limit(path, max_bytes)
     try:
-        with raw, gzip.GzipFile(fileobj=_Hashing(raw, outer), mode="rb") as gz:
-            manifest, signature = _read_members(path, gz, root, trust)
-            while gz.read(_CHUNK):  # read to the gzip trailer: checks its CRC and length
-                pass
+        with raw:
+            gz = SingleGzip(_Hashing(raw, outer), str(path))
+            manifest, signature = _read_members(path, gz, root, limit, trust)
+            gz.finish()  # tar padding, the gzip trailer's CRC and length, and nothing after it
     except BadInputError:
         raise
-    except (EOFError, tarfile.TarError, gzip.BadGzipFile, zlib.error, OSError) as exc:
+    except (EOFError, tarfile.TarError, zlib.error, OSError) as exc:
         raise BadInputError(f"{path}: truncated or corrupt bundle ({first_line(exc)})") from exc
     return Bundle(path, manifest, outer.hexdigest(), root, signature)
 
 
-def _read_members(path: Path, gz, root: Path | None, trust) -> tuple[dict, SignatureCheck]:
+def extract_limit(path: Path, max_bytes: int | None = None) -> tuple[int, str]:
+    """The most bytes a bundle may hold once extracted, and why: ``max_bytes`` when given (or
+    ``$EDGEOPT_BUNDLE_MAX_MB``), else ``MAX_RATIO`` times the bundle's size, within ``MAX_EXTRACT_BYTES``."""
+    if max_bytes is None and os.environ.get("EDGEOPT_BUNDLE_MAX_MB"):
+        try:
+            max_bytes = int(float(os.environ["EDGEOPT_BUNDLE_MAX_MB"]) * 1_000_000)
+        except ValueError:
+            raise BadInputError(f"EDGEOPT_BUNDLE_MAX_MB must be a number, got "
+                                f"{os.environ['EDGEOPT_BUNDLE_MAX_MB']!r}") from None
+    if max_bytes is not None:
+        return max_bytes, "the limit given"
+    by_ratio = max(MAX_RATIO * path.stat().st_size, MIN_LIMIT_BYTES)
+    if by_ratio < MAX_EXTRACT_BYTES:
+        return by_ratio, f"{MAX_RATIO}x the bundle's size, a compression ratio no model reaches"
+    return MAX_EXTRACT_BYTES, "the ceiling"
+
+
+def _read_members(path: Path, gz, root: Path | None, limit: tuple[int, str],
+                  trust) -> tuple[dict, SignatureCheck]:
     text, manifest, signature, seen = None, None, None, set()
     with tarfile.open(fileobj=gz, mode="r|") as tar:
         for member in tar:
@@ -164,7 +189,7 @@ def _read_members(path: Path, gz, root: Path | None, trust) -> tuple[dict, Signa
             if manifest is None:  # the entry after the manifest: a signature is checked before the manifest is read
                 signed = name == SIGNATURE
                 signature = check_signature(text, _small(path, tar, member) if signed else None, trust, str(path))
-                manifest = _parse_manifest(path, text)
+                manifest = _parse_manifest(path, text, limit)
                 if signed:
                     continue
             entry = manifest["files"].get(name)
@@ -180,7 +205,7 @@ def _read_members(path: Path, gz, root: Path | None, trust) -> tuple[dict, Signa
         raise BadInputError(f"{path}: empty archive, no {MANIFEST}")
     if manifest is None:
         signature = check_signature(text, None, trust, str(path))
-        manifest = _parse_manifest(path, text)
+        manifest = _parse_manifest(path, text, limit)
     missing = sorted(set(manifest["files"]) - seen)
     if missing:
         raise BadInputError(f"{path}: missing file(s) listed in the manifest: {', '.join(missing)}")
@@ -195,12 +220,17 @@ def _manifest_bytes(path: Path, tar: tarfile.TarFile, member: tarfile.TarInfo) -
     return tar.extractfile(member).read()
 
 
-def _parse_manifest(path: Path, text: bytes) -> dict:
+def _parse_manifest(path: Path, text: bytes, limit: tuple[int, str]) -> dict:
     try:
         manifest = json.loads(text.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadInputError(f"{path}: {MANIFEST} is not valid JSON ({first_line(exc)})") from exc
     check_manifest(manifest, f"{path}: {MANIFEST}")
+    declared = sum(entry["bytes"] for entry in manifest["files"].values())
+    if declared > limit[0]:
+        raise BadInputError(f"{path}: the manifest declares {declared} bytes of files, over the "
+                            f"extraction limit of {limit[0]} bytes ({limit[1]}); refused "
+                            f"(raise it with --max-extract-mb or $EDGEOPT_BUNDLE_MAX_MB)")
     return manifest
 
 
