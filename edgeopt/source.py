@@ -235,10 +235,16 @@ def _load_openvino(path: Path, input_shapes: dict, batch_axes: dict) -> SourceMo
 
 def _load_torch_factory(path: Path, factory: str, input_shapes: dict) -> SourceModel:
     built = call(path, factory, load_function(path, factory, "model factory"))
-    if not (isinstance(built, tuple) and len(built) == 2 and hasattr(built[0], "eval")):
+    if not (isinstance(built, tuple) and len(built) == 2):
         raise BadInputError(f"{path}:{factory} must return (module, example_input)")
     module, example = built
-    return torch_source(path, module.eval(), example, input_shapes)
+    import torch
+
+    if not isinstance(module, (torch.nn.Module, torch.export.ExportedProgram)):
+        raise BadInputError(f"{path}:{factory} must return (module, example_input); its first item is a "
+                            f"{type(module).__name__}, not a torch.nn.Module")
+    return torch_source(path, module.eval() if isinstance(module, torch.nn.Module) else module, example,
+                        input_shapes)
 
 
 def _load_torch_archive(path: Path, input_shapes: dict) -> SourceModel:
@@ -285,6 +291,8 @@ def torch_source(path: Path, module, example, input_shapes: dict, **extra) -> So
                                 f"the model's inputs are {', '.join(names)}")
         example = tuple(torch.zeros(input_shapes[n], dtype=t.dtype) if n in input_shapes else t
                         for n, t in zip(names, example))
+    if input_shapes:
+        _check_runs(path, module, example)
     if not all(isinstance(t, torch.Tensor) for t in example):
         raise BadInputError(f"{path}: the example input must be a tensor or a tuple of tensors")
     specs = [TensorSpec(name, tuple(t.shape), str(t.dtype).removeprefix("torch."),
@@ -307,6 +315,20 @@ def _with_batch_axes(path: Path, specs: list[TensorSpec], batch_axes: dict) -> l
         check_batch_axis(str(path), spec.name, axis, len(spec.shape))
         resolved.append(TensorSpec(spec.name, spec.shape, spec.dtype, axis))
     return resolved
+
+
+def _check_runs(path: Path, module, example: tuple) -> None:
+    """Run the model once on inputs of the given shapes: a shape it cannot take is the user's to fix."""
+    import torch
+
+    runnable = module.module() if isinstance(module, torch.export.ExportedProgram) else module
+    try:
+        with torch.no_grad():
+            runnable(*example)
+    except Exception as exc:
+        shapes = ", ".join(format_shape(tuple(t.shape)) for t in example)
+        raise BadInputError(f"{path}: the model does not run on inputs of shape {shapes} "
+                            f"(check --input-shape: {first_line(exc, 160)})") from exc
 
 
 def _resolve_shapes(path: Path, specs: list[TensorSpec], input_shapes: dict) -> list[TensorSpec]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from edgeopt.cli.out_options import guard_outputs
 from edgeopt.errors import BudgetError
 
 
@@ -29,6 +30,7 @@ def validate(artifact, target, runs, warmup, min_seconds, input_shapes, json_out
     from edgeopt.source import parse_input_shapes
     from edgeopt.targets import load_target, model_in, validate_on
 
+    guard_outputs(None, False, json_out=json_out, junit_out=junit_out)
     profile = load_target(target)
     shapes = parse_input_shapes(input_shapes)
     report = validate_on(profile, model_in(artifact, profile.settings.runtime), runs=runs, warmup=warmup,

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edgeopt.atomic import WriteError
 from edgeopt.data import load_samples
 from edgeopt.device.budgets import check_budgets
 from edgeopt.device.host import host_info
@@ -181,9 +182,12 @@ class _Builder:
                 compress(self.model, self.calibration, out=entry, recipe=recipe, formats=(self.fmt,),
                          eval_data=self.eval_data, gate=self.gate, input_shapes=self.shapes, seed=self.seed,
                          batch_axes=self.target.batch_axes)
+            except WriteError:
+                raise
             except BadInputError as exc:
                 candidate.skipped = f"build failed: {first_line(exc)}"
                 return
+            self.cache.seal(key)
         report = json.loads((entry / "report.json").read_text(encoding="utf-8"))
         artifact = report["artifacts"][0]
         candidate.artifact = entry / artifact["path"]
