@@ -180,9 +180,9 @@ def _split(array: np.ndarray, spec: TensorSpec, source: Path) -> list[np.ndarray
             return [np.take(array, range(i, i + batch), axis=axis) for i in range(0, array.shape[axis], batch)]
     if array.shape == shape:
         return Shared(array)
-    along = f"or concatenate them on batch axis {axis}" if axis is not None else "the input has no batch axis"
+    along = f"or concatenated on batch axis {axis}" if axis is not None else "(the input has no batch axis)"
     raise BadInputError(f"{source}: array for input '{spec.name}' has shape {format_shape(array.shape)}; the model "
-                        f"expects {format_shape(shape)} per sample (stack samples on a new axis 0, {along})")
+                        f"expects {format_shape(shape)}: expected samples stacked on a new axis 0, {along}")
 
 
 def _zip_inputs(per_input: dict[str, list[np.ndarray] | Shared], source: Path) -> list[dict[str, np.ndarray]]:

@@ -37,7 +37,8 @@ def load_hf_folder(path: Path, task: str | None, input_shapes: dict):
 
     config_file = path / "config.json"
     if not config_file.is_file():
-        raise BadInputError(f"{path}: a model folder needs config.json (a Hugging Face model folder)")
+        raise BadInputError(f"{path}: unknown model format (a folder is read as a Hugging Face model folder, which "
+                            f"needs config.json)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub
     try:
         import transformers

@@ -85,7 +85,8 @@ def _tensor(value, where: str):
         return value
     if isinstance(value, (bool, int, float, np.ndarray, np.generic)):
         return torch.as_tensor(value)
-    raise BadInputError(f"{where}: the example input must be tensors (or Python numbers), got {type(value).__name__}")
+    raise BadInputError(f"{where}: the example input must be a tensor, a tuple or a dict of tensors (or Python "
+                        f"numbers), got {type(value).__name__}")
 
 
 def torch_call(module, example, where: str, names: list[str] | None = None) -> TorchCall:
@@ -123,7 +124,8 @@ def torch_call(module, example, where: str, names: list[str] | None = None) -> T
         with torch.no_grad():
             out = module(*positional, **keywords)
     except Exception as exc:
-        raise BadInputError(f"{where}: the model fails on its example input ({first_line(exc)})") from exc
+        shapes = ", ".join(str(list(t.shape)) for t in positional + tuple(keywords.values()))
+        raise BadInputError(f"{where}: the model does not run on inputs of shape {shapes} ({first_line(exc)})") from exc
     keys, tensors = flat_outputs(out)
     if keywords:
         names = list(names) + list(keywords)
