@@ -40,4 +40,12 @@ def first_line(exc: BaseException, limit: int = 300) -> str:
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
     informative = [line for line in lines if not line.startswith(_LOCATION_PREFIXES)]
     chosen = informative[0] if informative else (lines[0] if lines else type(exc).__name__)
+    key = next((line for line in informative if line.lstrip("- ").startswith(_KEY_LINES)), None)
+    if key:  # OpenVINO's conversion report: the summary line names the ops it has no rule for
+        chosen = f"{chosen.rstrip(':').split('. Failed operations')[0]}: {key.lstrip('- ')}"
+    elif chosen.endswith(":") and len(informative) > 1:  # a header line: say what follows
+        chosen = f"{chosen} {informative[1]}"
     return chosen[:limit]
+
+
+_KEY_LINES = ("No conversion rule found for operations",)

@@ -23,6 +23,8 @@ from edgeopt.recipe import Recipe, parse_recipe
 from edgeopt.source import SourceModel, load_model, to_onnx, to_openvino
 from edgeopt.step_report import StepRecorder, StepReport
 from edgeopt.versions import tool_versions
+from edgeopt.vs_fp32 import VsFp32
+from edgeopt.vs_fp32 import compare as compare_with_fp32
 from edgeopt.weight_bytes import WeightBytes, artifact_weight_bytes, openvino_weight_bytes
 
 EVAL_SETTINGS = RuntimeSettings(inference_precision="f32", threads=None)
@@ -45,6 +47,13 @@ class CompressResult:
     weight_bytes: dict[str, WeightBytes] = field(default_factory=dict)  # per artifact format, as saved
     steps: StepReport | None = None  # figures after each recipe step
     inputs: dict | None = None  # what it was built from (``provenance.describe_inputs``)
+    decisions: dict = field(default_factory=dict)  # measured choices passes made (e.g. the ONNX INT8 backend)
+    vs_fp32: dict[str, VsFp32] = field(default_factory=dict)  # per format: size and p50 against FP32
+
+    @property
+    def flagged(self) -> dict[str, list[str]]:
+        """Artifacts larger or slower than the FP32 model in the same format and runtime."""
+        return {fmt: v.flags for fmt, v in self.vs_fp32.items() if v.flags}
 
     def settings_for(self, runtime: str) -> RuntimeSettings:
         """How artifacts of ``runtime`` are run for evaluation (ONNX Runtime has no precision or hint)."""
@@ -80,6 +89,9 @@ class CompressResult:
             "versions": tool_versions(),
             "inputs": self.inputs,
             "steps": self.steps.describe() if self.steps else None,
+            "decisions": self.decisions,
+            "vs_fp32": {fmt: v.describe() for fmt, v in self.vs_fp32.items()},
+            "flagged": self.flagged,
         }
 
 
@@ -122,8 +134,9 @@ def compress(model: str | Path, calibration: str | Path, *, out: str | Path, rec
 
 def _compress(source, recipe, calib, evaluation, train, out, formats, gate, seed, eval_settings, quiet, recorder,
               timer, inputs) -> CompressResult:
-    working, fp32_ir_bytes, fp32_weights = _run_recipe(source, recipe, calib, formats, seed, timer, evaluation,
-                                                       train=train, quiet=quiet, observe=recorder)
+    working, baseline, fp32_ir_bytes, fp32_weights = _run_recipe(source, recipe, calib, formats, seed, timer,
+                                                                 evaluation, train=train, quiet=quiet,
+                                                                 observe=recorder)
     with atomic.atomic_dir(out) as tmp:
         with timer("save"):
             artifacts = save_artifacts(working, tmp, formats)
@@ -131,7 +144,10 @@ def _compress(source, recipe, calib, evaluation, train, out, formats, gate, seed
                                 eval_settings=eval_settings, fp32_ir_bytes=fp32_ir_bytes,
                                 fp32_weight_bytes=fp32_weights,
                                 weight_bytes={a.format: artifact_weight_bytes(a.path) for a in artifacts},
-                                steps=recorder.finish() if recorder else None, inputs=inputs)
+                                steps=recorder.finish() if recorder else None, inputs=inputs,
+                                decisions=working.decisions)
+        with timer("vs fp32"):
+            result.vs_fp32 = compare_with_fp32(artifacts, baseline.ov_model, baseline.onnx_model, calib.samples[0])
         if evaluation is not None:
             with timer("evaluate"):
                 _evaluate(result, source, evaluation)
@@ -142,9 +158,10 @@ def _compress(source, recipe, calib, evaluation, train, out, formats, gate, seed
 
 def _run_recipe(source: SourceModel, recipe: Recipe, calib: SampleSet, formats: tuple[str, ...], seed: int,
                 timer: "_Timer", evaluation: SampleSet | None = None, *, train: SampleSet | None = None,
-                quiet: bool = False, observe: StepRecorder | None = None) -> tuple[WorkingModel, int, WeightBytes]:
-    """Run torch steps, convert, run graph steps; also return the original model's FP32 IR size and weight
-    bytes."""
+                quiet: bool = False, observe: StepRecorder | None = None
+                ) -> tuple[WorkingModel, WorkingModel, int, WeightBytes]:
+    """Run torch steps, convert, run graph steps; also return the original model as converted (FP32), its FP32 IR
+    size and weight bytes."""
     torch_steps = [s for s in recipe.steps if get_pass(s.name).stage == "torch"]
     graph_steps = [s for s in recipe.steps if get_pass(s.name).stage == "graph"]
     if torch_steps and source.kind != "torch":
@@ -179,7 +196,13 @@ def _run_recipe(source: SourceModel, recipe: Recipe, calib: SampleSet, formats: 
                 working.onnx_model = source.onnx_model()
     # Size baselines are the original model's, not the model after pruning.
     original_ov = working.ov_model if not torch_steps else to_openvino(source.torch_module, source.example_input,
-                                                                       source.input_names, source.output_names)
+                                                                       source.input_names)
+    original_onnx = None
+    if "onnx" in formats:
+        original_onnx = working.onnx_model if not torch_steps else to_onnx(source.torch_module, source.example_input,
+                                                                           source.input_names, source.output_names)
+    # Some graph passes change the model in place (nncf.compress_weights on OpenVINO): keep copies.
+    baseline = WorkingModel(source, ov_model=original_ov.clone(), onnx_model=_copy_onnx(original_onnx))
     fp32_ir_bytes = ir_bytes(original_ov, compress_to_fp16=False)
     fp32_weights = openvino_weight_bytes(original_ov)
     for step in graph_steps:
@@ -187,7 +210,17 @@ def _run_recipe(source: SourceModel, recipe: Recipe, calib: SampleSet, formats: 
             run_step(step, working, ctx)
         with timer("step report"):
             observe(step.describe(), working)
-    return working, fp32_ir_bytes, fp32_weights
+    return working, baseline, fp32_ir_bytes, fp32_weights
+
+
+def _copy_onnx(model):
+    if model is None:
+        return None
+    import onnx
+
+    copied = onnx.ModelProto()
+    copied.CopyFrom(model)
+    return copied
 
 
 def _evaluate(result: CompressResult, source: SourceModel, evaluation: SampleSet) -> None:

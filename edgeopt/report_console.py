@@ -46,6 +46,10 @@ def print_compress_result(result) -> None:
         table.add_row(artifact.path.name, artifact.precision, format_bytes(artifact.bytes), ratio, top1, cosine, verdict)
     out.print(table)
     print_output_fidelity(result, out)
+    for fmt, versus in result.vs_fp32.items():
+        flags = f" -- FLAGGED: {', '.join(versus.flags)}" if versus.flags else ""
+        out.print(f"{fmt} vs FP32 {fmt} ({versus.settings.runtime}, {versus.settings.threads} threads): "
+                  f"{versus.summary()}{flags}")
     fp32_weights = result.fp32_weight_bytes
     for fmt, weights in result.weight_bytes.items():
         ratio = f", {size_ratio(fp32_weights.total, weights.total)} than FP32 ({format_bytes(fp32_weights.total)})" \

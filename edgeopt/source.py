@@ -19,6 +19,7 @@ import numpy as np
 from edgeopt.batch_axes import check_batch_axis, model_batch_axis
 from edgeopt.device.runtime import TensorSpec, format_shape
 from edgeopt.errors import BadInputError, first_line
+from edgeopt.onnx_prep import describe_unsupported
 from edgeopt.torch_inputs import torch_call
 from edgeopt.user_code import call, is_function_spec, load_function
 
@@ -54,7 +55,8 @@ class SourceModel:
             model = (ov.Core().read_model(str(self.path)) if self.kind == "openvino"
                      else ov.convert_model(str(self.path), input=shapes))
         except Exception as exc:
-            raise BadInputError(f"{self.path}: OpenVINO cannot read this model ({first_line(exc)})") from exc
+            reason = (describe_unsupported(self.path) if self.kind == "onnx" else None) or first_line(exc)
+            raise BadInputError(f"{self.path}: OpenVINO cannot read this model ({reason})") from exc
         model.reshape(shapes)
         return model
 

@@ -105,6 +105,9 @@ def compress(model, calibration, out, formats, precision, recipe, eval_data, max
         failed = [f"{name}: {msg}" for name, (ok, msg) in result.gate_results.items() if not ok]
         raise QualityGateError("quality gate failed: " + "; ".join(failed))
     raise_if_failed(validations)
+    for fmt, flags in result.flagged.items():  # the exit summary, even with --quiet (a failed run's one line
+        click.echo(f"edgeopt: warning: the {fmt} artifact is {' and '.join(flags)} "  # is its error; the flags
+                   f"({result.vs_fp32[fmt].summary()})", err=True)  # are in report.json and the table)
     if package_out:
         from edgeopt.packaging import package
 

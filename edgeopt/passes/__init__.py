@@ -30,6 +30,7 @@ class WorkingModel:
     onnx_model: Any = None  # onnx.ModelProto, set once converted (when ONNX output is wanted)
     precision: str = "fp32"  # weight precision label of the result: fp32, fp16, int8, int4/int8, ...
     notes: list[str] = field(default_factory=list)  # choices a pass made, for the report
+    decisions: dict[str, Any] = field(default_factory=dict)  # measured choices a pass made, for report.json
 
 
 @dataclass

@@ -6,6 +6,7 @@ from edgeopt.errors import BadInputError, first_line
 from edgeopt.model_type import TRANSFORMER, ModelType, detect_model_type
 from edgeopt.passes import PassContext, WorkingModel, register
 from edgeopt.passes.smooth_quant import quantize_choosing_smooth_quant, smooth_quant_parameters
+from edgeopt.passes.onnx_int8 import quantize_onnx
 
 
 @register("int8", stage="graph", summary="INT8 post-training quantization of weights and activations (nncf.quantize)")
@@ -47,15 +48,40 @@ def int8(model: WorkingModel, ctx: PassContext, *, preset: str = "auto", subset_
                 kwargs["advanced_parameters"] = smooth_quant_parameters(smooth_quant_alpha)
                 smooth_quant = f"SmoothQuant alpha {smooth_quant_alpha} (set by the recipe)"
             model.ov_model = nncf.quantize(model.ov_model, dataset, **kwargs)
-        if model.onnx_model is not None:
-            model.onnx_model = nncf.quantize(model.onnx_model, dataset, **kwargs)
     except nncf.ValidationError as exc:
         raise BadInputError(f"int8: {first_line(exc)}") from exc
+    except Exception as exc:  # NNCF has no typed error for a graph it cannot handle: name what it said
+        raise BadInputError(f"int8: NNCF cannot quantize this model ({unsupported_message(model.ov_model, exc)})") from exc
     model.precision = "int8"
     chosen = preset if preset != "auto" else ("mixed" if transformer else "performance")
     smooth_quant = f", {smooth_quant}" if smooth_quant else ""
     model.notes.append(f"int8: preset={chosen}, subset={kwargs['subset_size']} samples, "
                        f"model_type={kind.describe()}{smooth_quant}")
+    if model.onnx_model is not None:
+        onnx_options = {k: v for k, v in kwargs.items() if k != "subset_size"}
+        picked = quantize_onnx(model.onnx_model, ctx.calibration, subset_size=kwargs["subset_size"],
+                               nncf_options=onnx_options)
+        model.onnx_model = picked.model
+        model.decisions["onnx_int8"] = picked.describe()
+        model.notes.append(f"onnx int8: {picked.backend} backend chosen by fusability, measured fidelity, size "
+                           f"({', '.join(_summary(c) for c in picked.candidates)}; FP32 p50 {picked.fp32_p50_ms} ms)")
+
+
+def _summary(built) -> str:
+    if built.error:
+        return f"{built.backend} failed: {built.error[:80]}"
+    return (f"{built.backend}: cos {built.cosine:.4f}, unfused {built.unfused:.0%}, p50 {built.p50_ms} ms, "
+            f"{built.bytes} B")
+
+
+def unsupported_message(ov_model, exc: BaseException) -> str:
+    """NNCF's error in one line, naming the node and op type when the message names a node of the model."""
+    text = first_line(exc)
+    for op in ov_model.get_ops():
+        name = op.get_friendly_name()
+        if len(name) > 2 and name in str(exc):
+            return f"node '{name}' (op {op.get_type_name()}): {text}"
+    return text
 
 
 @register("fp16", stage="graph", summary="FP16 weights (OpenVINO IR compressed to FP16, ONNX converted to FP16)")
