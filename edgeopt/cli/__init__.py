@@ -72,12 +72,14 @@ class _LevelFloor(logging.Filter):
 
 def _register() -> None:
     from edgeopt.cli import compress
+    from edgeopt.cli import devices as devices_cli
     from edgeopt.cli import optimize as optimize_cli
     from edgeopt.cli import package as package_cli
     from edgeopt.cli import targets as targets_cli
     from edgeopt.cli import validate
 
     main.add_command(compress.compress)
+    main.add_command(devices_cli.devices)
     main.add_command(optimize_cli.optimize)
     main.add_command(package_cli.package)
     main.add_command(package_cli.verify)

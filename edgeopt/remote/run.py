@@ -27,6 +27,7 @@ from pathlib import Path
 from edgeopt import __version__
 from edgeopt.bundle import write_bundle
 from edgeopt.device.bundle import SCHEMA
+from edgeopt.device.runtime import runtime_version
 from edgeopt.device.validate import ValidationReport
 from edgeopt.errors import BadInputError, DeviceError, first_line
 from edgeopt.remote.devices import Device
@@ -79,7 +80,7 @@ def measurement_bundle(model: Path, target: Target, out: Path, input_shapes: dic
         "target": {"name": target.name, "description": target.description,
                    "device": target.describe()["device"], "runtime": target.settings.describe(),
                    "budgets": target.budgets.describe(), "input_shapes": shapes},
-        "runtime": {"name": runtime, "version": metadata.version(runtime)},
+        "runtime": {"name": runtime, "version": runtime_version(runtime)},
         "model": model.name, "models": [_describe_model(model, model, runtime, None)],
         "recipe": None, "preprocessing": None, "quality": None,
         "validation": {"passed": False, "measured": {}, "checks": [], "emulated": False, "report": VALIDATION,
@@ -159,7 +160,9 @@ tar xzf {q(run_dir)}/lean.tar.gz -C "$tmp" || {{ rm -rf "$tmp"; echo "edgeopt: c
 [ -d {q(lib)} ] || mv "$tmp" {q(lib)}
 rm -rf "$tmp"
 """
-    script = f"""trap 'rm -rf {q(run_dir)}' EXIT
+    # SIGPIPE/SIGHUP ignored: with the connection gone, the shell must still live to run its EXIT trap.
+    script = f"""trap '' PIPE HUP
+trap 'rm -rf {q(run_dir)}' EXIT
 {install}command -v {q(d.python)} >/dev/null 2>&1 || {{ echo "edgeopt: no python '{d.python}' on the device" >&2; exit 91; }}
 cd {q(run_dir)}
 PYTHONPATH={q(lib)} {q(d.python)} -m edgeopt.device validate bundle.tar.gz --json result.json --quiet \
@@ -171,8 +174,11 @@ exit $rc
 """
     result = ssh.run(script, timeout_s=d.timeout_s, retry=False, keep_stdin_open=True)
     if result.returncode == SSH_FAILED:
-        err = ssh.error(result, "measuring")
-        raise DeviceLost(f"{err}; the measurement was lost, the candidate is unmeasured")
+        error = ssh.error(result, "measuring")
+        if "unreachable while" not in str(error):  # authentication, host key: not a lost device
+            raise error
+        raise DeviceLost(f"device '{d.name}' ({d.address}): connection lost while measuring "
+                         f"({_last(result.stderr)}); the candidate is unmeasured")
     text = result.stderr.strip()
     line = text.splitlines()[-1] if text else f"exit {result.returncode}"
     line = line.removeprefix("edgeopt-device: ").removeprefix("edgeopt: ")
@@ -187,11 +193,16 @@ exit $rc
     if "No space left on device" in text:
         raise DeviceError(f"{where}: the device's disk is full ({line}); free some space or point work_dir elsewhere")
     if result.returncode not in (0, 4):
-        raise DeviceError(f"{where}: the validator failed (exit {result.returncode}): {line} {text!r}")
+        raise DeviceError(f"{where}: the validator failed (exit {result.returncode}): {line}")
     try:
         return checked(json.loads(result.stdout), f"{where}: result")
     except json.JSONDecodeError as exc:
         raise DeviceError(f"{where}: the validator's result is not JSON ({first_line(exc)})") from exc
+
+
+def _last(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "no message"
 
 
 def pip_line(python: str, runtime: str) -> str:
