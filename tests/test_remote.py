@@ -72,8 +72,11 @@ def lab(sshd, tmp_path_factory):
                 f'profile = "{profile}"\npython = "{python}"\nkey_file = "{key}"\nknown_hosts_file = "{known}"\n'
                 f'work_dir = "{work}"\nconnect_timeout_s = 5\ntimeout_s = 300\nretries = 1\n{extra}\n')
 
+    (folder / "loopback-tight.toml").write_text(  # INT8 digits fits 0.5 MB, FP32 does not
+        'extends = "loopback-openvino"\ndescription = "test: tight file budget"\n[budgets]\nmax_file_mb = 0.5\n'
+        '[model]\nprecisions = ["int8", "fp32"]\n')
     (folder / "devices.toml").write_text(
-        device("local-ssh") + device("ort-box", "loopback-onnxruntime", python=ort)
+        device("tight-a", "loopback-tight") + device("tight-b", "loopback-tight") + device("local-ssh") + device("ort-box", "loopback-onnxruntime", python=ort)
         + device("no-openvino", python=ort) + device("stranger", key=sshd.stranger_key)
         + device("impostor", known=sshd.wrong_known_hosts))
     return folder
@@ -119,7 +122,8 @@ def wait_until(condition, seconds: float = 30.0) -> bool:
 
 
 def test_devices_toml_is_strict_and_searched(env, tmp_path, monkeypatch):
-    assert [d.name for d in list_devices()] == ["impostor", "local-ssh", "no-openvino", "ort-box", "stranger"]
+    assert [d.name for d in list_devices()] == ["impostor", "local-ssh", "no-openvino", "ort-box", "stranger",
+                                                "tight-a", "tight-b"]
     device = load_device("local-ssh")
     assert device.profile == "loopback-openvino" and device.concurrency == 1 and device.known_hosts == "strict"
     inline = load_device("ssh://pi@10.0.0.7:2222", "raspberry-pi-5")
@@ -307,3 +311,29 @@ def test_cross_isa_profile_without_device_never_passes_timing(cli, tiny_ir, tmp_
     required = cli("validate", tiny_ir, "--target", "raspberry-pi-5", *FAST, "--require-device", "--quiet",
                    "--input-shape", "input=1,1,8,8")
     assert required.exit_code == 5 and "--require-device: no device figures" in required.stderr
+
+
+def test_optimize_picks_from_device_figures_of_a_pool(env, cli, tmp_path):
+    from conftest import DIGITS_CALIB, DIGITS_EVAL, DIGITS_MODEL
+
+    plan = tmp_path / "plan.toml"
+    plan.write_text('[[stage]]\nname = "baseline"\nstop_when_passed = false\n[[stage.candidate]]\nlabel = "fp32"\n'
+                    'precision = "fp32"\nsteps = []\n[[stage]]\nname = "cheap wins"\n[[stage.candidate]]\n'
+                    'label = "int8"\nprecision = "int8"\nsteps = [{ name = "int8" }]\n')
+    args = ("optimize", DIGITS_MODEL, "--target", "loopback-tight", "--calib", DIGITS_CALIB, "--eval", DIGITS_EVAL,
+            "--plan", plan, "--cache", tmp_path / "cache", *FAST, "--device", "tight-a", "--device", "tight-b",
+            "--require-device")
+    result = cli(*args, "--out", tmp_path / "out", "--json", tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["chosen"] == "int8" and [d["device"] for d in report["devices"]] == ["tight-a", "tight-b"]
+    by_label = {c["label"]: c for c in report["candidates"]}
+    assert any("measured on device 'tight-" in n for n in by_label["int8"]["notes"])
+    assert {c["verdict"] for c in by_label["int8"]["checks"]} == {"PASS"}  # device figures: real verdicts
+    assert [c["name"] for c in by_label["fp32"]["checks"] if not c["passed"]] == ["max_file_mb"]
+    again = cli(*args, "--out", tmp_path / "out2", "--json", tmp_path / "r2.json")
+    assert again.exit_code == 0, again.output
+    notes = json.loads((tmp_path / "r2.json").read_text())["candidates"][1]["notes"]
+    assert any("reused: measured on device" in n for n in notes)  # cached by artifact, device and settings
+    emulated = cli("optimize", *args[1:12], "--require-device", "--out", tmp_path / "out3")
+    assert emulated.exit_code == 5 and "--require-device" in emulated.stderr
