@@ -337,3 +337,15 @@ def test_optimize_picks_from_device_figures_of_a_pool(env, cli, tmp_path):
     assert any("reused: measured on device" in n for n in notes)  # cached by artifact, device and settings
     emulated = cli("optimize", *args[1:12], "--require-device", "--out", tmp_path / "out3")
     assert emulated.exit_code == 5 and "--require-device" in emulated.stderr
+
+
+def test_compress_validates_on_the_device(env, cli, tmp_path):
+    from conftest import DIGITS_CALIB, DIGITS_MODEL
+
+    result = cli("compress", DIGITS_MODEL, "--calib", DIGITS_CALIB, "--target", "loopback-openvino", "--format",
+                 "openvino", "--device", "local-ssh", "--require-device", "--validate-runs", "20",
+                 "--validate-seconds", "0", "--out", tmp_path / "out", "--quiet")
+    assert result.exit_code == 0, result.output
+    validation = json.loads((tmp_path / "out" / "report.json").read_text())["validation"]["reports"][0]
+    assert not validation["emulated"] and any("measured on device 'local-ssh'" in n for n in validation["notes"])
+    assert {c["verdict"] for c in validation["checks"]} == {"PASS"}

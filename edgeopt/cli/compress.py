@@ -33,6 +33,10 @@ from edgeopt.errors import BadInputError, QualityGateError
               help="With --target: timed inferences for validation (at least).")
 @click.option("--validate-seconds", default=2.0, show_default=True, type=click.FloatRange(min=0),
               help="With --target: keep timing at least this long.")
+@click.option("--device", "device_spec", default=None,
+              help="With --target: validate on this device over SSH (devices.toml name or ssh://user@host:port).")
+@click.option("--require-device", is_flag=True,
+              help="With --target: exit 5 unless the validation's figures come from the device itself.")
 @click.option("--package", "package_out", default=None, type=click.Path(dir_okay=False),
               help="With --target: also write a device bundle (.tar.gz) of the validated artifact.")
 @click.option("--build-id", default=None, help="With --package: an identifier recorded in the bundle's manifest.")
@@ -41,19 +45,22 @@ from edgeopt.errors import BadInputError, QualityGateError
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 @weight_options
 def compress(model, calibration, out, formats, precision, recipe, eval_data, max_drop, min_cosine, input_shapes,
-             seed, json_out, quiet, target, validate_runs, validate_seconds, package_out, build_id, train_data,
+             seed, json_out, quiet, target, validate_runs, validate_seconds, device_spec, require_device, package_out,
+             build_id, train_data,
              step_report,
              min_token_agreement, max_perplexity_ratio, **weight_args):
     """Compress MODEL (ONNX, OpenVINO IR, file.py:factory, TorchScript or .pt2) and write IR/ONNX to OUT."""
     from edgeopt import atomic
     from edgeopt.cli.streams import library_output
-    from edgeopt.cli.validate import print_validation, raise_if_failed
+    from edgeopt.cli.validate import print_validation, raise_if_failed, raise_if_not_device
     from edgeopt.export import parse_formats
     from edgeopt.pipeline import compress as run_compress
     from edgeopt.recipe import parse_recipe
     from edgeopt.report_console import print_compress_result
     from edgeopt.source import parse_input_shapes
 
+    if (device_spec or require_device) and not target:
+        raise BadInputError("--device and --require-device need --target (the profile to validate against)")
     if package_out and not target:
         raise BadInputError("--package needs --target (the bundle carries the target's settings and budgets)")
     if formats is None:
@@ -70,7 +77,7 @@ def compress(model, calibration, out, formats, precision, recipe, eval_data, max
                               input_shapes=shapes, seed=seed, train_data=train_data, step_report=step_report,
                               quiet=quiet)
     report = result.describe()
-    validations = _validate(profile, result, report, validate_runs, validate_seconds) if profile else []
+    validations = _validate(profile, result, report, validate_runs, validate_seconds, device_spec) if profile else []
     if json_out == "-":
         click.echo(json.dumps(report, indent=2))
     elif json_out:
@@ -82,6 +89,8 @@ def compress(model, calibration, out, formats, precision, recipe, eval_data, max
     if not result.quality_passed:
         failed = [f"{name}: {msg}" for name, (ok, msg) in result.gate_results.items() if not ok]
         raise QualityGateError("quality gate failed: " + "; ".join(failed))
+    if require_device:
+        raise_if_not_device(validations)
     raise_if_failed(validations)
     if package_out:
         from edgeopt.packaging import package
@@ -134,8 +143,9 @@ def _sets_precision(recipe: str | None) -> bool:
     return any(get_pass(s.name).stage == "graph" or s.name == "qat" for s in steps)
 
 
-def _validate(profile, result, report: dict, runs: int, seconds: float) -> list:
-    """Validate the artifact(s) the profile's runtime runs; add the reports to report.json (atomically)."""
+def _validate(profile, result, report: dict, runs: int, seconds: float, device_spec: str | None) -> list:
+    """Validate the artifact(s) the profile's runtime runs (here, or on ``device_spec``); add the reports to
+    report.json (atomically)."""
     from pathlib import Path
 
     from edgeopt import atomic
@@ -143,8 +153,16 @@ def _validate(profile, result, report: dict, runs: int, seconds: float) -> list:
 
     if not result.quality_passed:
         return []
-    validations = [validate_on(profile, artifact.path, runs=runs, min_seconds=seconds)
-                   for artifact in result.artifacts if artifact.runtime == profile.settings.runtime]
+    if device_spec:
+        from edgeopt.remote.devices import load_device
+        from edgeopt.remote.run import measure
+
+        device = load_device(device_spec, profile.name)
+        validations = [measure(device, profile, artifact.path, runs=runs, min_seconds=seconds).report
+                       for artifact in result.artifacts if artifact.runtime == profile.settings.runtime]
+    else:
+        validations = [validate_on(profile, artifact.path, runs=runs, min_seconds=seconds)
+                       for artifact in result.artifacts if artifact.runtime == profile.settings.runtime]
     report["validation"] = {"target": profile.name, "passed": all(v.passed for v in validations),
                             "reports": [v.to_dict() for v in validations]}
     saved = Path(result.out) / "report.json"
