@@ -97,10 +97,12 @@ def raise_if_not_device(reports) -> None:
     """--require-device: exit 5 when a verdict rests on figures from another machine than the device."""
     from edgeopt.errors import DeviceError
 
-    emulated = [f"{r.artifact}: {c.name}" for r in reports for c in r.checks if c.status == "emulated"]
+    emulated = [r for r in reports if r.emulation_note is not None]
     if emulated:
-        raise DeviceError(f"--require-device: no device figures, only emulated ones ({'; '.join(emulated)}); "
-                          f"measure on the device (--device NAME, or --import its results)")
+        names = sorted({c.name for r in emulated for c in r.checks if c.status != "measured"})
+        raise DeviceError(f"--require-device: no device figures for {', '.join(r.artifact for r in emulated)}, only "
+                          f"emulated ones ({', '.join(names)}); measure on the device (--device NAME, or --import "
+                          f"its results)")
 
 
 def raise_if_failed(reports) -> None:

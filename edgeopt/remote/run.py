@@ -20,7 +20,7 @@ import json
 import shlex
 import tarfile
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
 
@@ -124,7 +124,8 @@ def measure(device: Device, target: Target, model: Path, *, runs: int = 300, war
         raise DeviceError(f"device '{device.name}': the result names another bundle than the one sent")
     note = (f"measured on device '{device.name}' ({device.address}, {result['host']['cpu_model']}, "
             f"{result['host']['machine']}) over SSH; bundle sha256 {sha}")
-    return DeviceMeasurement(to_report(result, target.budgets, device_note=note), result, sha)
+    report = replace(to_report(result, target.budgets, device_note=note), artifact=f"{model} on {device.name}")
+    return DeviceMeasurement(report, result, sha)
 
 
 def _prepare(ssh: Ssh, lean: LeanPackage) -> tuple[str, str, bool, int | None]:
