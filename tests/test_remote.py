@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from bundle_support import FAST, digits_artifact, digits_bundle
-from sshd_support import start_sshd
+from sshd_support import free_port, start_sshd
 from test_device_validator import runtime_venv
 
 from edgeopt.device.host import host_info
@@ -67,10 +67,11 @@ def lab(sshd, tmp_path_factory):
     ov, ort = (os.path.abspath(runtime_venv(r) / "bin" / "python") for r in ("openvino", "onnxruntime"))
     work = folder / "work"
 
-    def device(name, profile="loopback-openvino", python=ov, key=sshd.user_key, known=sshd.known_hosts, extra=""):
-        return (f'[devices.{name}]\nhost = "127.0.0.1"\nport = {sshd.port}\nuser = "{sshd.user}"\n'
+    def device(name, profile="loopback-openvino", python=ov, key=sshd.user_key, known=sshd.known_hosts,
+               port=sshd.port):
+        return (f'[devices.{name}]\nhost = "127.0.0.1"\nport = {port}\nuser = "{sshd.user}"\n'
                 f'profile = "{profile}"\npython = "{python}"\nkey_file = "{key}"\nknown_hosts_file = "{known}"\n'
-                f'work_dir = "{work}"\nconnect_timeout_s = 5\ntimeout_s = 300\nretries = 1\n{extra}\n')
+                f'work_dir = "{work}"\nconnect_timeout_s = 5\ntimeout_s = 300\nretries = 1\n\n')
 
     (folder / "loopback-tight.toml").write_text(  # INT8 digits fits 0.5 MB, FP32 does not
         'extends = "loopback-openvino"\ndescription = "test: tight file budget"\n[budgets]\nmax_file_mb = 0.5\n'
@@ -78,7 +79,7 @@ def lab(sshd, tmp_path_factory):
     (folder / "devices.toml").write_text(
         device("tight-a", "loopback-tight") + device("tight-b", "loopback-tight") + device("local-ssh") + device("ort-box", "loopback-onnxruntime", python=ort)
         + device("no-openvino", python=ort) + device("stranger", key=sshd.stranger_key)
-        + device("impostor", known=sshd.wrong_known_hosts))
+        + device("impostor", known=sshd.wrong_known_hosts) + device("nowhere", port=free_port()))
     return folder
 
 
@@ -122,8 +123,8 @@ def wait_until(condition, seconds: float = 30.0) -> bool:
 
 
 def test_devices_toml_is_strict_and_searched(env, tmp_path, monkeypatch):
-    assert [d.name for d in list_devices()] == ["impostor", "local-ssh", "no-openvino", "ort-box", "stranger",
-                                                "tight-a", "tight-b"]
+    assert [d.name for d in list_devices()] == ["impostor", "local-ssh", "no-openvino", "nowhere", "ort-box",
+                                                "stranger", "tight-a", "tight-b"]
     device = load_device("local-ssh")
     assert device.profile == "loopback-openvino" and device.concurrency == 1 and device.known_hosts == "strict"
     inline = load_device("ssh://pi@10.0.0.7:2222", "raspberry-pi-5")
@@ -178,6 +179,7 @@ def test_devices_check_reports_facts_and_the_missing_runtime(env, cli):
     ("stranger", "authentication failed for user"),
     ("impostor", "host key mismatch or unknown host key"),
     ("no-openvino", "missing runtime"),
+    ("nowhere", "unreachable while preparing the work folder"),  # nothing listens: retried, then one line
 ])
 def test_device_failures_are_one_line_exit_5(env, cli, tmp_path_factory, name, words):
     result = cli("validate", digits_artifact(tmp_path_factory), "--device", name, *FAST)
@@ -272,7 +274,7 @@ def test_two_runs_on_one_device_are_serialised_by_its_lock(env, tmp_path_factory
     assert sessions[1]["lock_wait_s"] > 0
 
 
-def test_import_device_results_checks_the_bundle(env, cli, tmp_path_factory, tmp_path):
+def test_import_device_results_checks_the_bundle(cli, tmp_path_factory, tmp_path):
     import subprocess
     import sys
 
@@ -313,6 +315,7 @@ def test_cross_isa_profile_without_device_never_passes_timing(cli, tiny_ir, tmp_
     assert required.exit_code == 5 and "--require-device: no device figures" in required.stderr
 
 
+@pytest.mark.slow
 def test_optimize_picks_from_device_figures_of_a_pool(env, cli, tmp_path):
     from conftest import DIGITS_CALIB, DIGITS_EVAL, DIGITS_MODEL
 

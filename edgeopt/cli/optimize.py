@@ -168,7 +168,8 @@ def _summary(candidate) -> str:
         return candidate.skipped
     cache = ("reused from cache" if all(candidate.reused.values())
              else "artifact reused, measured" if candidate.reused["artifact"] else "built and measured")
-    verdict = "PASS" if candidate.passed else "FAIL: " + ", ".join(
+    emulated = any(c.status != "measured" for c in candidate.checks)
+    verdict = ("EMULATED" if emulated else "PASS") if candidate.passed else "FAIL: " + ", ".join(
         ([] if candidate.gate_passed else ["quality gate"]) + [c.name for c in candidate.failing]
         + ([] if candidate.eligible else [f"device lacks {candidate.precision}"]))
     return (f"{cache}; {candidate.file_bytes / 1e6:.3g} MB, p50 {candidate.figures['p50_ms']:.3g} ms, "
