@@ -352,3 +352,17 @@ def test_compress_validates_on_the_device(env, cli, tmp_path):
     validation = json.loads((tmp_path / "out" / "report.json").read_text())["validation"]["reports"][0]
     assert not validation["emulated"] and any("measured on device 'local-ssh'" in n for n in validation["notes"])
     assert {c["verdict"] for c in validation["checks"]} == {"PASS"}
+
+
+def test_a_packaged_bundle_is_sent_as_it_is(env, cli, tmp_path_factory, tmp_path):
+    from edgeopt.packaging import Measurement, package
+    from edgeopt.remote.results import sha256_file
+
+    bundle = package(digits_artifact(tmp_path_factory), "loopback-openvino", tmp_path / "m.tar.gz",
+                     measurement=Measurement(runs=20, warmup=2, min_seconds=0)).path
+    result = cli("validate", bundle, "--device", "local-ssh", *FAST, "--json", "-")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert any(sha256_file(bundle) in note for note in report["notes"])  # the user's bundle, byte for byte
+    other = cli("validate", digits_bundle(tmp_path_factory), "--device", "local-ssh", *FAST)
+    assert other.exit_code == 2 and "packaged for ci-loose-openvino" in other.stderr

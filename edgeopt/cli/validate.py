@@ -32,7 +32,8 @@ from edgeopt.errors import BudgetError
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 def validate(artifact, target, device_spec, import_path, require_device, runs, warmup, min_seconds, input_shapes,
              json_out, junit_out, quiet):
-    """Validate ARTIFACT (.xml, .onnx, or a folder written by `edgeopt compress`) against a device profile:
+    """Validate ARTIFACT (.xml, .onnx, a folder written by `edgeopt compress`, or with --device / --import a
+    bundle from `edgeopt package`) against a device profile:
     here (emulating the device when this host is not it), on the device over SSH (--device), or from the
     results a device wrote (--import).
 
@@ -57,8 +58,9 @@ def validate(artifact, target, device_spec, import_path, require_device, runs, w
         if device.profile is None:
             raise BadInputError(f"{device_spec}: an ssh:// device needs --target (the profile it is an instance of)")
         profile = load_target(target or device.profile)
-        report = measure(device, profile, model_in(artifact, profile.settings.runtime), runs=runs, warmup=warmup,
-                         min_seconds=min_seconds, input_shapes=shapes).report
+        model = artifact if artifact.endswith(".tar.gz") else model_in(artifact, profile.settings.runtime)
+        report = measure(device, profile, model, runs=runs, warmup=warmup, min_seconds=min_seconds,
+                         input_shapes=shapes).report
     else:
         if target is None:
             raise BadInputError("validate needs --target (or --device, or --import)")

@@ -130,7 +130,7 @@ def device_result(report, bundle, session: dict) -> dict:
     return {"schema_version": RESULT_SCHEMA, **report.to_dict(),
             "bundle": {"file": bundle.path.name, "sha256": bundle.sha256, "build_id": manifest["build_id"],
                        "model": manifest["model"], "target": manifest["target"]["name"]},
-            "session": session}
+            "session": session, "timings_ms": list(report.timings_ms)}
 
 
 def validate_bundle(bundle, runs: int, warmup: int, min_seconds: float):

@@ -249,7 +249,7 @@ class _Builder:
             candidate.skipped = f"unmeasured: {first_line(exc)}"
             return
         candidate.validation, candidate.figures = report.to_dict(), report.measured()
-        candidate.checks = report.checks
+        candidate.checks, candidate.timings_ms = report.checks, list(report.timings_ms)
 
     def _with_context(self, step: Step) -> Step:
         """Steps that take max_drop / min_cosine get the gate's values, and steps that take a target get the

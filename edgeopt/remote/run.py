@@ -104,7 +104,12 @@ def measure(device: Device, target: Target, model: Path, *, runs: int = 300, war
     ssh = Ssh(device)
     lean = lean_package()
     with tempfile.TemporaryDirectory(prefix="edgeopt-remote-") as tmp:
-        bundle = measurement_bundle(Path(model), target, Path(tmp) / "bundle.tar.gz", input_shapes)
+        bundle = Path(tmp) / "bundle.tar.gz"
+        if str(model).endswith(".tar.gz"):  # a packaged bundle goes as it is (its sha256 stays the user's)
+            _check_packaged(Path(model), target)
+            bundle.symlink_to(Path(model).resolve())
+        else:
+            measurement_bundle(Path(model), target, bundle, input_shapes)
         (Path(tmp) / "lean.tar.gz").write_bytes(lean.data)
         work, run_dir, have_lib, free = _prepare(ssh, lean)
         needed = bundle.stat().st_size * 3 + len(lean.data) * 4  # the bundle, its extraction, the lean package
@@ -126,6 +131,14 @@ def measure(device: Device, target: Target, model: Path, *, runs: int = 300, war
             f"{result['host']['machine']}) over SSH; bundle sha256 {sha}")
     report = replace(to_report(result, target.budgets, device_note=note), artifact=f"{model} on {device.name}")
     return DeviceMeasurement(report, result, sha)
+
+
+def _check_packaged(bundle: Path, target: Target) -> None:
+    from edgeopt.device.bundle import open_bundle
+
+    packaged = open_bundle(bundle).manifest["target"]["name"]
+    if packaged != target.name:
+        raise BadInputError(f"{bundle}: packaged for {packaged}, but the device is a {target.name}")
 
 
 def _prepare(ssh: Ssh, lean: LeanPackage) -> tuple[str, str, bool, int | None]:
