@@ -77,7 +77,8 @@ def lab(sshd, tmp_path_factory):
         'extends = "loopback-openvino"\ndescription = "test: tight file budget"\n[budgets]\nmax_file_mb = 0.5\n'
         '[model]\nprecisions = ["int8", "fp32"]\n')
     (folder / "devices.toml").write_text(
-        device("tight-a", "loopback-tight") + device("tight-b", "loopback-tight") + device("local-ssh") + device("ort-box", "loopback-onnxruntime", python=ort)
+        device("tight-a", "loopback-tight") + device("tight-b", "loopback-tight") + device("local-ssh")
+        + device("ort-box", "loopback-onnxruntime", python=ort)
         + device("no-openvino", python=ort) + device("stranger", key=sshd.stranger_key)
         + device("impostor", known=sshd.wrong_known_hosts) + device("nowhere", port=free_port()))
     return folder

@@ -31,7 +31,7 @@ from edgeopt.device.runtime import runtime_version
 from edgeopt.device.validate import ValidationReport
 from edgeopt.errors import BadInputError, DeviceError, first_line
 from edgeopt.remote.devices import Device
-from edgeopt.remote.results import checked, to_report
+from edgeopt.remote.results import checked, sha256_file, to_report
 from edgeopt.remote.ssh import SSH_FAILED, DeviceLost, Ssh
 from edgeopt.targets import Target
 
@@ -123,7 +123,7 @@ def measure(device: Device, target: Target, model: Path, *, runs: int = 300, war
         except DeviceError:
             _remove(ssh, run_dir)
             raise
-        sha = hashlib.sha256(bundle.read_bytes()).hexdigest()
+        sha = sha256_file(bundle)
         result = _validate(ssh, target, work, run_dir, lean, have_lib, runs, warmup, min_seconds)
     if result.get("bundle", {}).get("sha256") != sha:
         raise DeviceError(f"device '{device.name}': the result names another bundle than the one sent")
@@ -164,21 +164,30 @@ echo "free_kb=$(df -Pk . | awk 'NR==2 {{print $4}}')"
     return values["work"], values["run"], values.get("lib") == "1", free
 
 
+def _preamble(device: Device, work: str, run_dir: str, lean: LeanPackage, have_lib: bool) -> tuple[str, str]:
+    """The start of a run's script: remove the run folder however the script ends (SIGPIPE and SIGHUP are
+    ignored so that, with the connection gone, the shell lives to run its EXIT trap), install the lean
+    package when missing, check the device's python. Returns the script text and the package's folder."""
+    q = shlex.quote
+    lib = f"{work}/lib/{lean.digest}"
+    install = "" if have_lib else f"""tmp=$(mktemp -d {q(work)}/lib/.install.XXXXXX)
+tar xzf {q(run_dir)}/lean.tar.gz -C "$tmp" || {{ rm -rf "$tmp"; echo "cannot unpack edgeopt" >&2; exit 90; }}
+[ -d {q(lib)} ] || mv "$tmp" {q(lib)}
+rm -rf "$tmp"
+"""
+    missing = f"edgeopt: no python '{device.python}' on the device"
+    return f"""trap '' PIPE HUP
+trap 'rm -rf {q(run_dir)}' EXIT
+{install}command -v {q(device.python)} >/dev/null 2>&1 || {{ echo {q(missing)} >&2; exit 91; }}
+""", lib
+
+
 def _validate(ssh: Ssh, target: Target, work: str, run_dir: str, lean: LeanPackage, have_lib: bool, runs: int,
               warmup: int, min_seconds: float) -> dict:
     d = ssh.device
     q = shlex.quote
-    lib = f"{work}/lib/{lean.digest}"
-    install = "" if have_lib else f"""tmp=$(mktemp -d {q(work)}/lib/.install.XXXXXX)
-tar xzf {q(run_dir)}/lean.tar.gz -C "$tmp" || {{ rm -rf "$tmp"; echo "edgeopt: cannot unpack the lean package" >&2; exit 90; }}
-[ -d {q(lib)} ] || mv "$tmp" {q(lib)}
-rm -rf "$tmp"
-"""
-    # SIGPIPE/SIGHUP ignored: with the connection gone, the shell must still live to run its EXIT trap.
-    script = f"""trap '' PIPE HUP
-trap 'rm -rf {q(run_dir)}' EXIT
-{install}command -v {q(d.python)} >/dev/null 2>&1 || {{ echo "edgeopt: no python '{d.python}' on the device" >&2; exit 91; }}
-cd {q(run_dir)}
+    preamble, lib = _preamble(d, work, run_dir, lean, have_lib)
+    script = f"""{preamble}cd {q(run_dir)}
 PYTHONPATH={q(lib)} {q(d.python)} -m edgeopt.device validate bundle.tar.gz --json result.json --quiet \
   --runs {runs} --warmup {warmup} --min-seconds {min_seconds} --lock {q(work)}/device.lock --slots {d.concurrency} \
   --lock-timeout {max(1, round(d.timeout_s))} --exit-on-stdin-eof
@@ -242,13 +251,9 @@ def facts(device: Device) -> dict:
             with tempfile.TemporaryDirectory(prefix="edgeopt-remote-") as tmp:
                 (Path(tmp) / "lean.tar.gz").write_bytes(lean.data)
                 ssh.put([str(Path(tmp) / "lean.tar.gz")], run_dir, timeout_s=device.timeout_s)
+        preamble, lib = _preamble(device, work, run_dir, lean, have_lib)
         q = shlex.quote
-        lib = f"{work}/lib/{lean.digest}"
-        script = f"""trap 'rm -rf {q(run_dir)}' EXIT
-{'' if have_lib else f'tmp=$(mktemp -d {q(work)}/lib/.install.XXXXXX); tar xzf {q(run_dir)}/lean.tar.gz -C "$tmp" && {{ [ -d {q(lib)} ] || mv "$tmp" {q(lib)}; }}; rm -rf "$tmp"'}
-command -v {q(device.python)} >/dev/null 2>&1 || {{ echo "no python '{device.python}' on the device" >&2; exit 91; }}
-PYTHONPATH={q(lib)} {q(device.python)} -m edgeopt.device.facts {q(work)}
-"""
+        script = f"{preamble}PYTHONPATH={q(lib)} {q(device.python)} -m edgeopt.device.facts {q(work)}\n"
         result = ssh.run(script, timeout_s=SETUP_TIMEOUT_S)
     except DeviceError:
         _remove(ssh, run_dir)
