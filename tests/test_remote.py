@@ -68,7 +68,7 @@ def lab(sshd, tmp_path_factory):
     work = folder / "work"
 
     def device(name, profile="loopback-openvino", python=ov, key=sshd.user_key, known=sshd.known_hosts,
-               port=sshd.port):
+               port=sshd.port, work=work):
         return (f'[devices.{name}]\nhost = "127.0.0.1"\nport = {port}\nuser = "{sshd.user}"\n'
                 f'profile = "{profile}"\npython = "{python}"\nkey_file = "{key}"\nknown_hosts_file = "{known}"\n'
                 f'work_dir = "{work}"\nconnect_timeout_s = 5\ntimeout_s = 300\nretries = 1\n\n')
@@ -80,7 +80,8 @@ def lab(sshd, tmp_path_factory):
         device("tight-a", "loopback-tight") + device("tight-b", "loopback-tight") + device("local-ssh")
         + device("ort-box", "loopback-onnxruntime", python=ort)
         + device("no-openvino", python=ort) + device("stranger", key=sshd.stranger_key)
-        + device("impostor", known=sshd.wrong_known_hosts) + device("nowhere", port=free_port()))
+        + device("impostor", known=sshd.wrong_known_hosts) + device("nowhere", port=free_port())
+        + device("full", work=folder / "tiny"))
     return folder
 
 
@@ -124,8 +125,8 @@ def wait_until(condition, seconds: float = 30.0) -> bool:
 
 
 def test_devices_toml_is_strict_and_searched(env, tmp_path, monkeypatch):
-    assert [d.name for d in list_devices()] == ["impostor", "local-ssh", "no-openvino", "nowhere", "ort-box",
-                                                "stranger", "tight-a", "tight-b"]
+    assert [d.name for d in list_devices()] == ["full", "impostor", "local-ssh", "no-openvino", "nowhere",
+                                                "ort-box", "stranger", "tight-a", "tight-b"]
     device = load_device("local-ssh")
     assert device.profile == "loopback-openvino" and device.concurrency == 1 and device.known_hosts == "strict"
     inline = load_device("ssh://pi@10.0.0.7:2222", "raspberry-pi-5")
@@ -367,3 +368,22 @@ def test_a_packaged_bundle_is_sent_as_it_is(env, cli, tmp_path_factory, tmp_path
     assert any(sha256_file(bundle) in note for note in report["notes"])  # the user's bundle, byte for byte
     other = cli("validate", digits_bundle(tmp_path_factory), "--device", "local-ssh", *FAST)
     assert other.exit_code == 2 and "packaged for ci-loose-openvino" in other.stderr
+
+
+def test_a_full_disk_on_the_device_is_one_line(env, cli, tmp_path_factory):
+    import subprocess
+
+    tiny = env / "tiny"  # the "full" device's work_dir: a real 300 kB file system, smaller than the bundle needs
+    tiny.mkdir(exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(tiny)], capture_output=True,
+                             text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()[:200]}")
+    try:
+        result = cli("validate", digits_artifact(tmp_path_factory), "--device", "full", *FAST)
+        assert result.exit_code == 5, result.output
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "the device's disk is full" in lines[0] and "MB free" in lines[0]
+        assert list((tiny / "runs").iterdir()) == []  # the run folder it made was removed
+    finally:
+        subprocess.run(["umount", str(tiny)], capture_output=True)
