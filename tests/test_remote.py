@@ -340,8 +340,10 @@ def test_optimize_picks_from_device_figures_of_a_pool(env, cli, tmp_path):
     assert again.exit_code == 0, again.output
     notes = json.loads((tmp_path / "r2.json").read_text())["candidates"][1]["notes"]
     assert any("reused: measured on device" in n for n in notes)  # cached by artifact, device and settings
-    emulated = cli("optimize", *args[1:12], "--require-device", "--out", tmp_path / "out3")
-    assert emulated.exit_code == 5 and "--require-device" in emulated.stderr
+    emulated = cli("optimize", DIGITS_MODEL, "--target", "raspberry-pi-5", "--calib", DIGITS_CALIB, "--eval",
+                   DIGITS_EVAL, "--require-device", "--out", tmp_path / "out3")  # this host is no Pi: nothing to do
+    assert emulated.exit_code == 5 and "--require-device: this host is not a raspberry-pi-5" in emulated.stderr
+    assert not (tmp_path / "out3").exists()
 
 
 def test_compress_validates_on_the_device(env, cli, tmp_path):

@@ -60,6 +60,7 @@ def optimize(model, target, calibration, eval_data, out, max_drop, min_cosine, m
     from edgeopt.optimize.search import Measuring, search
     from edgeopt.reporting import tables, write_reports
     from edgeopt.source import parse_input_shapes
+    from edgeopt.device.host import host_info
     from edgeopt.targets import load_target
 
     profile = load_target(target)
@@ -70,10 +71,11 @@ def optimize(model, target, calibration, eval_data, out, max_drop, min_cosine, m
         from edgeopt.remote.pool import DevicePool
 
         pool = DevicePool(list(device_specs), profile, cache)
-    elif require_device:
+    elif require_device and not profile.is_host(host_info()):
         from edgeopt.errors import DeviceError
 
-        raise DeviceError("--require-device: no --device given, so every timing figure would be emulated")
+        raise DeviceError(f"--require-device: this host is not a {profile.name} and no --device was given, so every "
+                          f"timing figure would be emulated")
     with _Progress(quiet) as progress, library_output(True):
         result = search(model, calibration, eval_data, profile, gate=gate, cache=cache, plan=plan,
                         measuring=Measuring(runs, warmup, min_seconds), objective=objective or profile.objective,
