@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--runs", type=int, default=300)
     args = parser.parse_args()
-    from test_device_validator import runtime_venv
+    from bundle_support import runtime_venv
     from test_remote import PROFILE
 
     with tempfile.TemporaryDirectory(prefix="edgeopt-bench-ssh-") as tmp:

@@ -103,7 +103,25 @@ def load_samples(spec: str | Path, inputs: list[TensorSpec]) -> SampleSet:
         raise BadInputError(f"{text}: the data set is empty")
     if labels is not None and len(labels) != len(samples):
         raise BadInputError(f"{text}: {len(labels)} labels for {len(samples)} samples")
-    return SampleSet(samples, None if labels is None else np.asarray(labels, dtype=np.int64), text)
+    return SampleSet(samples, None if labels is None else _labels(text, labels), text)
+
+
+def _labels(source: str, labels) -> np.ndarray:
+    """Class indices: integers, or floats that are whole numbers; anything else is refused, not truncated."""
+    try:
+        array = np.asarray(labels)
+    except (ValueError, TypeError) as exc:
+        raise BadInputError(f"{source}: labels are not an array of class indices ({first_line(exc)})") from exc
+    if array.dtype.kind in "iub":
+        return array.astype(np.int64).reshape(-1)
+    if array.dtype.kind != "f":
+        raise BadInputError(f"{source}: labels have dtype {array.dtype}; class indices must be integers")
+    flat = array.reshape(-1)
+    bad = np.flatnonzero(~np.isfinite(flat) | (flat != np.round(flat)))
+    if bad.size:
+        raise BadInputError(f"{source}: label {bad[0]} is {float(flat[bad[0]])}, not a whole class index "
+                            f"(refusing to truncate float labels)")
+    return flat.astype(np.int64)
 
 
 def _check_sample(source: str, index: int, sample: dict[str, np.ndarray], inputs: list[TensorSpec]) -> dict:
@@ -118,8 +136,23 @@ def _check_sample(source: str, index: int, sample: dict[str, np.ndarray], inputs
         if value.shape != tuple(spec.shape):
             raise BadInputError(f"{source}: sample {index} input '{spec.name}' has shape {format_shape(value.shape)}, "
                                 f"the model expects {format_shape(spec.shape)}")
-        checked[spec.name] = np.ascontiguousarray(value.astype(spec.dtype, copy=False))
+        checked[spec.name] = np.ascontiguousarray(_convert(source, index, spec, value))
     return checked
+
+
+def _convert(source: str, index: int, spec: TensorSpec, value: np.ndarray) -> np.ndarray:
+    """``value`` in the input's dtype; non-numeric, complex and non-finite values are refused, not coerced."""
+    where = f"{source}: sample {index} input '{spec.name}'"
+    if value.dtype.kind not in "biuf":
+        kind = "complex" if value.dtype.kind == "c" else "non-numeric"
+        raise BadInputError(f"{where} has {kind} dtype {value.dtype}; the model expects {spec.dtype}")
+    if value.dtype.kind == "f" and not np.isfinite(value).all():
+        bad = "NaN" if np.isnan(value).any() else "inf"
+        raise BadInputError(f"{where} holds {bad} values; calibration and evaluation data must be finite")
+    target = np.dtype(spec.dtype)
+    if target.kind in "iu" and value.dtype.kind == "f" and not np.array_equal(value, np.round(value)):
+        raise BadInputError(f"{where} has fractional values; the model expects integers ({spec.dtype})")
+    return value.astype(target, copy=False)
 
 
 def _split(array: np.ndarray, spec: TensorSpec, source: Path) -> list[np.ndarray]:
@@ -208,7 +241,7 @@ def _from_hook(path: Path, func: str, inputs: list[TensorSpec]):
         samples.append(item if isinstance(item, dict) else _single(item, inputs, path))
         labels.append(label)
     has_labels = bool(labels) and all(label is not None for label in labels)
-    return samples, ([int(np.asarray(label).reshape(-1)[0]) for label in labels] if has_labels else None)
+    return samples, ([np.asarray(label).reshape(-1)[0] for label in labels] if has_labels else None)
 
 
 def _single(value, inputs: list[TensorSpec], source: Path) -> dict:

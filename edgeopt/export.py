@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgeopt.errors import BadInputError
+from edgeopt.errors import BadInputError, first_line
 from edgeopt.passes import WorkingModel
 
 FORMATS = ("openvino", "onnx")
@@ -71,7 +72,10 @@ def write_ir(ov_model, xml: Path, compress_to_fp16: bool) -> int:
     """Save ``ov_model`` as IR at ``xml`` (and its ``.bin``); return the bytes both take on disk."""
     import openvino as ov
 
-    ov.save_model(ov_model, str(xml), compress_to_fp16=compress_to_fp16)
+    try:
+        ov.save_model(ov_model, str(xml), compress_to_fp16=compress_to_fp16)
+    except RuntimeError as exc:  # OpenVINO reports a failed write as a C++ stream error
+        raise _write_failure(xml, exc) from exc
     return xml.stat().st_size + xml.with_suffix(".bin").stat().st_size
 
 
@@ -94,6 +98,21 @@ def canonicalize_names(ov_model) -> None:
 
 
 _AUTO_NAME = re.compile(r"(?<![\w.:])([A-Za-z][A-Za-z0-9]*)_\d+(?!\w)")  # Type_123, not fq_weights_1 or x.y_2
+
+
+def _write_failure(path: Path, exc: Exception) -> Exception:
+    """A ``WriteError`` when saving failed for lack of room or a stream error, else ``exc`` itself."""
+    from edgeopt.atomic import WriteError
+
+    try:
+        free = shutil.disk_usage(path.parent).free
+    except OSError:
+        free = None
+    if free is not None and free < (1 << 20):
+        return WriteError(path.parent, "No space left on device")
+    if "ios" in str(exc) or "stream" in str(exc).lower():
+        return WriteError(path.parent, f"the runtime could not write the model ({first_line(exc, 120)})")
+    return exc
 
 
 def sha256(path: Path) -> str:

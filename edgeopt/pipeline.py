@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edgeopt import atomic
+from edgeopt import atomic, jsonio
 from edgeopt.data import SampleSet, load_samples
 from edgeopt.device.host import host_info
 from edgeopt.device.runtime import RuntimeSettings
@@ -19,6 +18,7 @@ from edgeopt.evaluate import (Quality, QualityGate, first_outputs, language_mode
                               session_predictor, torch_predictor)
 from edgeopt.export import Artifact, save_artifacts, write_ir
 from edgeopt.passes import PassContext, WorkingModel, get_pass, run_step
+from edgeopt.provenance import describe_inputs
 from edgeopt.recipe import Recipe, parse_recipe
 from edgeopt.source import SourceModel, load_model, to_onnx, to_openvino
 from edgeopt.step_report import StepRecorder, StepReport
@@ -44,6 +44,7 @@ class CompressResult:
     fp32_weight_bytes: WeightBytes | None = None  # weight constants of the FP32 OpenVINO model
     weight_bytes: dict[str, WeightBytes] = field(default_factory=dict)  # per artifact format, as saved
     steps: StepReport | None = None  # figures after each recipe step
+    inputs: dict | None = None  # what it was built from (``provenance.describe_inputs``)
 
     def settings_for(self, runtime: str) -> RuntimeSettings:
         """How artifacts of ``runtime`` are run for evaluation (ONNX Runtime has no precision or hint)."""
@@ -76,6 +77,7 @@ class CompressResult:
             },
             "host": host_info().describe(),
             "versions": tool_versions(),
+            "inputs": self.inputs,
             "steps": self.steps.describe() if self.steps else None,
         }
 
@@ -99,12 +101,25 @@ def compress(model: str | Path, calibration: str | Path, *, out: str | Path, rec
         calib = load_samples(calibration, source.inputs)
         evaluation = load_samples(eval_data, source.inputs) if eval_data else None
         train = load_samples(train_data, source.inputs) if train_data else None
+        inputs = describe_inputs(model, source, {
+            "calibration": (calibration, calib),
+            "evaluation": (eval_data, evaluation) if evaluation is not None else None,
+            "training": (train_data, train) if train is not None else None})
     if step_report is None:
         step_report = any(get_pass(s.name).stage == "torch" for s in recipe.steps)
     recorder = StepRecorder(source, evaluation or calib) if step_report else None
+    try:
+        return _compress(source, recipe, calib, evaluation, train, Path(out), formats, gate, seed, eval_settings,
+                         quiet, recorder, timer)
+    finally:
+        if recorder:
+            recorder.close()
+
+
+def _compress(source, recipe, calib, evaluation, train, out, formats, gate, seed, eval_settings, quiet, recorder,
+              timer) -> CompressResult:
     working, fp32_ir_bytes, fp32_weights = _run_recipe(source, recipe, calib, formats, seed, timer, evaluation,
                                                        train=train, quiet=quiet, observe=recorder)
-    out = Path(out)
     with atomic.atomic_dir(out) as tmp:
         with timer("save"):
             artifacts = save_artifacts(working, tmp, formats)
@@ -112,11 +127,11 @@ def compress(model: str | Path, calibration: str | Path, *, out: str | Path, rec
                                 eval_settings=eval_settings, fp32_ir_bytes=fp32_ir_bytes,
                                 fp32_weight_bytes=fp32_weights,
                                 weight_bytes={a.format: artifact_weight_bytes(a.path) for a in artifacts},
-                                steps=recorder.finish() if recorder else None)
+                                steps=recorder.finish() if recorder else None, inputs=inputs)
         if evaluation is not None:
             with timer("evaluate"):
                 _evaluate(result, source, evaluation)
-        atomic.write_text(tmp / "report.json", json.dumps(result.describe() | {"seconds": timer.seconds}, indent=2))
+        atomic.write_text(tmp / "report.json", jsonio.dumps(result.describe() | {"seconds": timer.seconds}, indent=2))
     result.out, result.artifacts = out, [a.moved_to(out) for a in artifacts]
     return result
 

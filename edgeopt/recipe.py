@@ -57,8 +57,11 @@ def parse_recipe(text: str) -> Recipe:
         unknown = set(raw) - {"step"}
         if unknown:
             raise BadInputError(f"{path}: unknown key(s) {', '.join(sorted(unknown))} (a recipe has [[step]] tables)")
+        tables = raw.get("step", [])
+        if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+            raise BadInputError(f"{path}: 'step' must be an array of tables: write each step as [[step]], not [step]")
         steps = []
-        for index, table in enumerate(raw.get("step", [])):
+        for index, table in enumerate(tables):
             params = dict(table)
             name = params.pop("name", None)
             if not isinstance(name, str):
@@ -68,4 +71,15 @@ def parse_recipe(text: str) -> Recipe:
         steps = [Step(name.strip()) for name in text.split(",") if name.strip()]
     for step in steps:
         check_step(step, source=text)
+    _refuse_repeated_precision(steps, text)
     return Recipe(tuple(steps))
+
+
+def _refuse_repeated_precision(steps: list[Step], source: str) -> None:
+    """``int8,int8`` or ``int8,fp16``: a model gets one precision step; a second would be silently ignored
+    or stacked."""
+    from edgeopt.passes import get_pass
+
+    graph = [s.name for s in steps if get_pass(s.name).stage == "graph"]
+    if len(graph) > 1:
+        raise BadInputError(f"recipe '{source}': more than one precision step ({', '.join(graph)}); give one")

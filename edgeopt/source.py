@@ -192,7 +192,13 @@ def _load_torch_factory(path: Path, factory: str, input_shapes: dict) -> SourceM
     if not (isinstance(built, tuple) and len(built) == 2):
         raise BadInputError(f"{path}:{factory} must return (module, example_input)")
     module, example = built
-    return _torch_source(path, module.eval(), example, input_shapes)
+    import torch
+
+    if not isinstance(module, (torch.nn.Module, torch.export.ExportedProgram)):
+        raise BadInputError(f"{path}:{factory} must return (module, example_input); its first item is a "
+                            f"{type(module).__name__}, not a torch.nn.Module")
+    return _torch_source(path, module.eval() if isinstance(module, torch.nn.Module) else module, example,
+                         input_shapes)
 
 
 def _load_torch_archive(path: Path, input_shapes: dict) -> SourceModel:
@@ -227,8 +233,23 @@ def _torch_source(path: Path, module, example, input_shapes: dict) -> SourceMode
     )
     if input_shapes and len(input_shapes) == len(example):
         example = tuple(torch.zeros(shape, dtype=t.dtype) for shape, t in zip(input_shapes.values(), example))
+        _check_runs(path, module, example)
     specs = [TensorSpec(name, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in zip(names, example)]
     return SourceModel("torch", path, specs, torch_module=module, example_input=example)
+
+
+def _check_runs(path: Path, module, example: tuple) -> None:
+    """Run the model once on inputs of the given shapes: a shape it cannot take is the user's to fix."""
+    import torch
+
+    runnable = module.module() if isinstance(module, torch.export.ExportedProgram) else module
+    try:
+        with torch.no_grad():
+            runnable(*example)
+    except Exception as exc:
+        shapes = ", ".join(format_shape(tuple(t.shape)) for t in example)
+        raise BadInputError(f"{path}: the model does not run on inputs of shape {shapes} "
+                            f"(check --input-shape: {first_line(exc, 160)})") from exc
 
 
 def _resolve_shapes(path: Path, specs: list[TensorSpec], input_shapes: dict) -> list[TensorSpec]:

@@ -36,6 +36,7 @@ A profile::
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import sys
@@ -117,8 +118,23 @@ class Emulation:
 
 
 def search_path() -> list[Path]:
-    env = [Path(p) for p in os.environ.get("EDGEOPT_TARGETS", "").split(os.pathsep) if p]
+    """``$EDGEOPT_TARGETS`` folders, then the built-in ones. An entry that is a file is refused; a missing
+    folder is skipped with a one-line warning (once per process)."""
+    env = []
+    for entry in (p for p in os.environ.get("EDGEOPT_TARGETS", "").split(os.pathsep) if p):
+        path = Path(entry)
+        if path.is_dir():
+            env.append(path)
+        elif path.exists():
+            raise BadInputError(f"EDGEOPT_TARGETS: '{entry}' is not a folder (it lists folders of profiles, "
+                                f"separated by '{os.pathsep}')")
+        elif entry not in _WARNED:
+            _WARNED.add(entry)
+            print(f"edgeopt: warning: EDGEOPT_TARGETS folder '{entry}' does not exist; skipped", file=sys.stderr)
     return [*env, Path(__file__).resolve().parents[1] / "targets", Path(sys.prefix) / "share" / "edgeopt" / "targets"]
+
+
+_WARNED: set[str] = set()
 
 
 def load_target(name_or_path: str | os.PathLike) -> Target:
@@ -264,6 +280,8 @@ def _check_key(path: Path, table: str, key: str, value) -> None:
             known += ", [" + "], [".join(t for t in _SCHEMA if t) + "]"
         raise BadInputError(f"{path}: unknown key '{dotted}' (known: {known})")
     types = schema[key]
+    if isinstance(value, float) and not math.isfinite(value):
+        raise BadInputError(f"{path}: '{dotted}' must be a finite number, got {value!r}")
     if isinstance(value, bool) and bool not in types or not isinstance(value, types):
         expected = {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "an array",
                     dict: "a table"}[types[-1]]

@@ -12,9 +12,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from bundle_support import FAST, digits_artifact, digits_bundle
+from bundle_support import FAST, digits_artifact, digits_bundle, runtime_venv
 from sshd_support import free_port, start_sshd
-from test_device_validator import runtime_venv
 
 from edgeopt.device.host import host_info
 from edgeopt.errors import BadInputError

@@ -6,9 +6,12 @@ import json
 
 import click
 
+from edgeopt import jsonio
 from edgeopt.cli.weight_options import recipe_with_weights, weight_options, weights_step
 from edgeopt.cli.gate_options import gate_options, quality_gate
+from edgeopt.cli.out_options import force_option, guard_outputs
 from edgeopt.errors import BadInputError, QualityGateError
+from edgeopt.out_guard import input_bytes
 
 
 @click.command()
@@ -40,14 +43,16 @@ from edgeopt.errors import BadInputError, QualityGateError
 @click.option("--package", "package_out", default=None, type=click.Path(dir_okay=False),
               help="With --target: also write a device bundle (.tar.gz) of the validated artifact.")
 @click.option("--build-id", default=None, help="With --package: an identifier recorded in the bundle's manifest.")
+@click.option("--sign", default=None, metavar="KEY", help="With --package: sign the bundle with this Ed25519 "
+              "private key (file, or env:NAME).")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--json", "json_out", default=None, help="Write the report as JSON to this file ('-' for stdout).")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
+@force_option
 @weight_options
 def compress(model, calibration, out, formats, precision, recipe, eval_data, max_drop, min_cosine, input_shapes,
              seed, json_out, quiet, target, validate_runs, validate_seconds, device_spec, require_device, package_out,
-             build_id, train_data,
-             step_report,
+             build_id, sign, train_data, step_report, force,
              min_token_agreement, max_perplexity_ratio, **weight_args):
     """Compress MODEL (ONNX, OpenVINO IR, file.py:factory, TorchScript or .pt2) and write IR/ONNX to OUT."""
     from edgeopt import atomic
@@ -63,6 +68,13 @@ def compress(model, calibration, out, formats, precision, recipe, eval_data, max
         raise BadInputError("--device and --require-device need --target (the profile to validate against)")
     if package_out and not target:
         raise BadInputError("--package needs --target (the bundle carries the target's settings and budgets)")
+    guard_outputs(out, force, needs_bytes=3 * input_bytes(model), json_out=json_out, bundle=package_out)
+    if sign and not package_out:
+        raise BadInputError("--sign needs --package (it signs the bundle)")
+    if sign:
+        from edgeopt.signing import Signer
+
+        sign = Signer(sign)  # a bad key fails now, not after compressing
     if formats is None:
         formats = "openvino" if model.lower().endswith(".xml") else "openvino,onnx"
     weights = weights_step(weight_args, target)
@@ -79,9 +91,9 @@ def compress(model, calibration, out, formats, precision, recipe, eval_data, max
     report = result.describe()
     validations = _validate(profile, result, report, validate_runs, validate_seconds, device_spec) if profile else []
     if json_out == "-":
-        click.echo(json.dumps(report, indent=2))
+        click.echo(jsonio.dumps(report, indent=2))
     elif json_out:
-        atomic.write_text(json_out, json.dumps(report, indent=2))
+        atomic.write_text(json_out, jsonio.dumps(report, indent=2))
     if not quiet and json_out != "-":
         print_compress_result(result)
         for validation in validations:
@@ -95,7 +107,8 @@ def compress(model, calibration, out, formats, precision, recipe, eval_data, max
     if package_out:
         from edgeopt.packaging import package
 
-        bundle = package(result.out, profile, package_out, report=validations[0].to_dict(), build_id=build_id)
+        bundle = package(result.out, profile, package_out, report=validations[0].to_dict(), build_id=build_id,
+                         sign=sign)
         if not quiet and json_out != "-":
             click.echo(f"{bundle.path}: {bundle.bytes} bytes, sha256 {bundle.sha256}")
 
@@ -166,6 +179,6 @@ def _validate(profile, result, report: dict, runs: int, seconds: float, device_s
     report["validation"] = {"target": profile.name, "passed": all(v.passed for v in validations),
                             "reports": [v.to_dict() for v in validations]}
     saved = Path(result.out) / "report.json"
-    atomic.write_text(saved, json.dumps(json.loads(saved.read_text(encoding="utf-8")) | {"validation":
+    atomic.write_text(saved, jsonio.dumps(json.loads(saved.read_text(encoding="utf-8")) | {"validation":
                                                                                           report["validation"]}, indent=2))
     return validations

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 from pathlib import Path
 
 import click
 
+from edgeopt import jsonio
 from edgeopt.cli.gate_options import gate_options, quality_gate
+from edgeopt.cli.out_options import force_option, guard_outputs
 from edgeopt.errors import BudgetError, QualityGateError
+from edgeopt.out_guard import input_bytes
 from edgeopt.targets import OBJECTIVES
 
 _STYLE = {"chosen": "bold green", "closest": "bold yellow", "pass": "green", "fail": "red", "skipped": "dim"}
@@ -44,9 +46,10 @@ _STYLE = {"chosen": "bold green", "closest": "bold yellow", "pass": "green", "fa
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--json", "json_out", default=None, help="Write the report as JSON to this file ('-' for stdout).")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
+@force_option
 def optimize(model, target, calibration, eval_data, out, max_drop, min_cosine, min_token_agreement,
              max_perplexity_ratio, objective, plan, cache_dir, runs, warmup, min_seconds, input_shapes, device_specs,
-             require_device, seed, json_out, quiet):
+             require_device, seed, json_out, quiet, force):
     """Find the best artifact of MODEL for a device: measure the baseline, then try the plan's stages in order
     (FP16/INT8, accuracy-controlled INT8, weight compression, pruning + distillation) until one meets every
     budget of the profile and the quality gate.
@@ -55,7 +58,7 @@ def optimize(model, target, calibration, eval_data, out, max_drop, min_cosine, m
     5 when the devices give no figures (or --require-device and only emulated ones).
     """
     from edgeopt import atomic
-    from edgeopt.cli.streams import library_output
+    from edgeopt.cli.streams import library_output, warn
     from edgeopt.optimize.cache import Cache, default_cache_dir
     from edgeopt.optimize.search import Measuring, search
     from edgeopt.reporting import tables, write_reports
@@ -63,9 +66,10 @@ def optimize(model, target, calibration, eval_data, out, max_drop, min_cosine, m
     from edgeopt.device.host import host_info
     from edgeopt.targets import load_target
 
+    guard_outputs(out, force, needs_bytes=3 * input_bytes(model), json_out=json_out)
     profile = load_target(target)
     gate = quality_gate(max_drop, min_cosine, min_token_agreement, max_perplexity_ratio)
-    cache = Cache(cache_dir or default_cache_dir())
+    cache = Cache(cache_dir or default_cache_dir(), warn=warn)
     pool = None
     if device_specs:
         from edgeopt.remote.pool import DevicePool
@@ -86,9 +90,9 @@ def optimize(model, target, calibration, eval_data, out, max_drop, min_cosine, m
             report["chosen_files"] = _copy_artifact(result.chosen.artifact, result.chosen.validation["files"], tmp)
         write_reports(report, tmp)
     if json_out == "-":
-        click.echo(json.dumps(report, indent=2))
+        click.echo(jsonio.dumps(report, indent=2))
     elif json_out:
-        atomic.write_text(json_out, json.dumps(report, indent=2))
+        atomic.write_text(json_out, jsonio.dumps(report, indent=2))
     if not quiet and json_out != "-":
         _print(report, tables, Path(out))
     where = f"report: {Path(out) / 'report.md'}"
@@ -143,7 +147,7 @@ class _Progress:
         self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                                   console=Console(file=sys.stderr, highlight=False,
                                                   width=None if sys.stderr.isatty() else 200), redirect_stdout=False,
-                                  redirect_stderr=False, disable=quiet)
+                                  redirect_stderr=False, disable=quiet or not sys.stderr.isatty())
 
     def __enter__(self) -> "_Progress":
         self._progress.start()

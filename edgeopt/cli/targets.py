@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import json
 
+from edgeopt import jsonio
 import click
 
 
@@ -24,7 +24,7 @@ def list_command(as_json):
 
     host, found = host_info(), list_targets()
     if as_json:
-        click.echo(json.dumps([t.describe() | {"this_host": t.is_host(host)} for t in found], indent=2))
+        click.echo(jsonio.dumps([t.describe() | {"this_host": t.is_host(host)} for t in found], indent=2))
         return
     table = Table(title=f"device profiles (this host: {host.cpu_model}, {host.usable_cpus} CPUs)")
     for column in ("name", "device", "runtime", "p50/p99 ms", "this host"):
@@ -51,7 +51,7 @@ def show_command(name, as_json):
     target = load_target(name)
     emulation = plan_emulation(target, host_info())
     if as_json:
-        click.echo(json.dumps(target.describe() | {"emulation_note": emulation.note if emulation else None},
+        click.echo(jsonio.dumps(target.describe() | {"emulation_note": emulation.note if emulation else None},
                               indent=2))
         return
     out = console()

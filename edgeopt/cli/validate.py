@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from edgeopt.cli.out_options import guard_outputs
 from edgeopt.errors import BudgetError
 
 
@@ -45,6 +46,7 @@ def validate(artifact, target, device_spec, import_path, require_device, runs, w
     from edgeopt.source import parse_input_shapes
     from edgeopt.targets import load_target, model_in, validate_on
 
+    guard_outputs(None, False, json_out=json_out, junit_out=junit_out)
     if device_spec and import_path:
         raise BadInputError("--device and --import exclude each other (measure now, or judge earlier results)")
     shapes = parse_input_shapes(input_shapes)

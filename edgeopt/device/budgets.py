@@ -5,6 +5,7 @@ Lean module: standard library only, so a bundle manifest can carry budgets as JS
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 
@@ -36,7 +37,7 @@ class Budgets:
 
     @classmethod
     def from_dict(cls, data: Mapping, source: str = "budgets") -> "Budgets":
-        """Build from a mapping of budget names to positive numbers; unknown keys and bad values are errors."""
+        """Build from a mapping of budget names to positive finite numbers; unknown keys and bad values are errors."""
         unknown = sorted(set(data) - set(BUDGET_FIELDS))
         if unknown:
             raise BadInputError(f"{source}: unknown budget key(s) {', '.join(unknown)} "
@@ -45,7 +46,7 @@ class Budgets:
         for key, value in data.items():
             if value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise BadInputError(f"{source}: budget '{key}' must be a positive number, got {value!r}")
             values[key] = float(value)
         return cls(**values)

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edgeopt.atomic import WriteError
 from edgeopt.data import load_samples
 from edgeopt.device.host import host_info
 from edgeopt.errors import BadInputError, first_line
@@ -193,9 +194,12 @@ class _Builder:
             try:
                 compress(self.model, self.calibration, out=entry, recipe=recipe, formats=(self.fmt,),
                          eval_data=self.eval_data, gate=self.gate, input_shapes=self.shapes, seed=self.seed)
+            except WriteError:
+                raise
             except BadInputError as exc:
                 candidate.skipped = f"build failed: {first_line(exc)}"
                 return
+            self.cache.seal(key)
         report = json.loads((entry / "report.json").read_text(encoding="utf-8"))
         artifact = report["artifacts"][0]
         candidate.artifact = entry / artifact["path"]

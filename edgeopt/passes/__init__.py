@@ -15,6 +15,7 @@ from typing import Any
 
 from edgeopt.data import SampleSet
 from edgeopt.errors import BadInputError
+from edgeopt.param_types import check_param_types
 from edgeopt.recipe import Step
 from edgeopt.source import SourceModel
 
@@ -83,6 +84,7 @@ def check_step(step: Step, source: str) -> None:
     if unknown:
         raise BadInputError(f"{source}: step '{step.name}' has unknown parameter(s) {', '.join(sorted(unknown))} "
                             f"(accepted: {', '.join(sorted(accepted)) or 'none'})")
+    check_param_types(info.run, step.params, f"{source}: step '{step.name}'")
 
 
 def run_step(step: Step, model: WorkingModel, ctx: PassContext) -> None:

@@ -36,7 +36,7 @@ from edgeopt.remote.ssh import SSH_FAILED, DeviceLost, Ssh
 from edgeopt.targets import Target
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
-LEAN_FILES = ("__init__.py", "errors.py", "atomic.py", "device")
+LEAN_FILES = ("__init__.py", "errors.py", "atomic.py", "jsonio.py", "signals.py", "out_guard.py", "device")
 SETUP_TIMEOUT_S = 120
 STALE_RUN_MINUTES = 24 * 60
 RUNTIME_PIP = {"openvino": "openvino", "onnxruntime": "onnxruntime"}
