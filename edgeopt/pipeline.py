@@ -110,14 +110,14 @@ def compress(model: str | Path, calibration: str | Path, *, out: str | Path, rec
     recorder = StepRecorder(source, evaluation or calib) if step_report else None
     try:
         return _compress(source, recipe, calib, evaluation, train, Path(out), formats, gate, seed, eval_settings,
-                         quiet, recorder, timer)
+                         quiet, recorder, timer, inputs)
     finally:
         if recorder:
             recorder.close()
 
 
 def _compress(source, recipe, calib, evaluation, train, out, formats, gate, seed, eval_settings, quiet, recorder,
-              timer) -> CompressResult:
+              timer, inputs) -> CompressResult:
     working, fp32_ir_bytes, fp32_weights = _run_recipe(source, recipe, calib, formats, seed, timer, evaluation,
                                                        train=train, quiet=quiet, observe=recorder)
     with atomic.atomic_dir(out) as tmp:
