@@ -3,9 +3,9 @@ ready to measure on."""
 
 from __future__ import annotations
 
-import json
-
 import click
+
+from edgeopt.jsonio import dumps
 
 
 @click.group()
@@ -24,7 +24,7 @@ def list_command(as_json):
 
     found = list_devices()
     if as_json:
-        click.echo(json.dumps([d.describe() for d in found], indent=2))
+        click.echo(dumps([d.describe() for d in found], indent=2))
         return
     if not found:
         click.echo(f"no devices (looked in {', '.join(str(p) for p in search_path())})")
@@ -49,7 +49,7 @@ def check_command(name, target, as_json):
 
     readiness = check_device(name, target)
     if as_json:
-        click.echo(json.dumps(readiness.describe(), indent=2))
+        click.echo(dumps(readiness.describe(), indent=2))
     else:
         for line in readiness.lines():
             click.echo(line)

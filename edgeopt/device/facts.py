@@ -4,13 +4,13 @@ Lean module: standard library only, so it answers even where numpy is missing.""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
 from importlib import metadata
 
 from edgeopt.device.host import host_info
+from edgeopt.jsonio import dumps
 
 PACKAGES = ("numpy", "openvino", "onnxruntime")
 
@@ -32,4 +32,4 @@ def facts(work_dir: str = ".") -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(facts(sys.argv[1] if len(sys.argv) > 1 else ".")))
+    print(dumps(facts(sys.argv[1] if len(sys.argv) > 1 else ".")))

@@ -26,10 +26,10 @@ from pathlib import Path
 
 from edgeopt import __version__
 from edgeopt.bundle import write_bundle
-from edgeopt.device.bundle import SCHEMA
 from edgeopt.device.runtime import runtime_version
 from edgeopt.device.validate import ValidationReport
 from edgeopt.errors import BadInputError, DeviceError, first_line
+from edgeopt.jsonio import dumps
 from edgeopt.remote.devices import Device
 from edgeopt.remote.results import checked, sha256_file, to_report
 from edgeopt.remote.ssh import SSH_FAILED, DeviceLost, Ssh
@@ -39,6 +39,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 LEAN_FILES = ("__init__.py", "errors.py", "atomic.py", "jsonio.py", "signals.py", "out_guard.py", "device")
 SETUP_TIMEOUT_S = 120
 STALE_RUN_MINUTES = 24 * 60
+MEASUREMENT_SCHEMA = "edgeopt-bundle/1"  # a throwaway bundle to measure: no provenance record (that is /2's)
 RUNTIME_PIP = {"openvino": "openvino", "onnxruntime": "onnxruntime"}
 
 
@@ -76,7 +77,7 @@ def measurement_bundle(model: Path, target: Target, out: Path, input_shapes: dic
     shapes = {k: list(v) for k, v in {**target.input_shapes, **(input_shapes or {})}.items()}
     placeholder = {"measured": False, "reason": "bundle built to be measured on the device itself"}
     manifest = {
-        "schema": SCHEMA, "edgeopt_version": __version__, "build_id": None,
+        "schema": MEASUREMENT_SCHEMA, "edgeopt_version": __version__, "build_id": None,
         "target": {"name": target.name, "description": target.description,
                    "device": target.describe()["device"], "runtime": target.settings.describe(),
                    "budgets": target.budgets.describe(), "input_shapes": shapes},
@@ -86,7 +87,7 @@ def measurement_bundle(model: Path, target: Target, out: Path, input_shapes: dic
         "validation": {"passed": False, "measured": {}, "checks": [], "emulated": False, "report": VALIDATION,
                        "measured_with": "not measured on the build host: made to be measured on the device"},
     }
-    files = {f.name: f for f in _model_files(model)} | {VALIDATION: json.dumps(placeholder).encode()}
+    files = {f.name: f for f in _model_files(model)} | {VALIDATION: dumps(placeholder).encode()}
     return write_bundle(out, manifest, files)
 
 
