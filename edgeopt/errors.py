@@ -1,7 +1,8 @@
 """Typed exceptions. Library code raises these; only the CLI turns them into messages and exit codes.
 
 Exit codes (see CONVENTIONS): 0 ok, 1 internal error, 2 bad input or usage, 3 quality gate failed,
-4 device budget failed.
+4 device budget failed, 5 no device figures (the device could not be used, or a run that requires them has
+only emulated ones).
 """
 
 
@@ -27,6 +28,13 @@ class BudgetError(EdgeoptError):
     """An artifact does not meet a device profile's budgets."""
 
     exit_code = 4
+
+
+class DeviceError(EdgeoptError):
+    """No figures from the device: it is unreachable or was lost, refused the connection or key, lacks the
+    runtime or disk space, or a run that requires device figures (``--require-device``) has only emulated ones."""
+
+    exit_code = 5
 
 
 _LOCATION_PREFIXES = ("Exception from ", "Check '", "FrontEnd API failed", "[ GENERAL_ERROR ]", "Traceback")

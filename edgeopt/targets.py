@@ -42,10 +42,10 @@ import os
 import socket
 import sys
 import tomllib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from edgeopt.device.budgets import BUDGET_FIELDS, Budgets
+from edgeopt.device.budgets import BUDGET_FIELDS, LATENCY_BUDGETS, SPREAD_BUDGETS, Budgets, check_budgets
 from edgeopt.device.host import HostInfo
 from edgeopt.device.runtime import PRECISIONS, RUNTIMES, RuntimeSettings
 from edgeopt.errors import BadInputError, first_line
@@ -117,6 +117,7 @@ class Emulation:
     cpus: tuple[int, ...] | None
     max_isa: str | None
     note: str
+    cross_isa: bool = False  # another architecture: even memory figures are the host runtime's, not the device's
 
 
 def search_path() -> list[Path]:
@@ -205,7 +206,7 @@ def plan_emulation(target: Target, host: HostInfo) -> Emulation | None:
     span = f"CPU {cpus[0]}" if len(cpus) == 1 else f"CPUs {','.join(map(str, cpus))}"
     note = (f"emulated on {socket.gethostname()} ({host.cpu_model}): {threads} threads pinned to {span}"
             + "".join(f"; {n}" for n in notes) + f" — the profiled device is {target.device.name}")
-    return Emulation(settings, cpus, max_isa, note)
+    return Emulation(settings, cpus, max_isa, note, cross_isa=target.device.arch != host.machine)
 
 
 def onednn_isa(isa: tuple[str, ...]) -> str:
@@ -374,12 +375,44 @@ def validate_on(target: Target, model_path: str | os.PathLike, *, runs: int = 30
     from edgeopt.device.validate import validate_artifact
 
     emulation = plan_emulation(target, host or host_info())
-    return validate_artifact(
-        model_path, emulation.settings if emulation else target.settings, target.budgets, runs=runs, warmup=warmup,
-        min_seconds=min_seconds, emulation_note=emulation.note if emulation else None,
-        cpus=emulation.cpus if emulation else None, max_isa=emulation.max_isa if emulation else None,
-        input_shapes={**target.input_shapes, **(input_shapes or {})}, target=target.name,
-    )
+
+    def measure():
+        report = validate_artifact(
+            model_path, emulation.settings if emulation else target.settings, target.budgets, runs=runs,
+            warmup=warmup, min_seconds=min_seconds, emulation_note=emulation.note if emulation else None,
+            cpus=emulation.cpus if emulation else None, max_isa=emulation.max_isa if emulation else None,
+            input_shapes={**target.input_shapes, **(input_shapes or {})}, target=target.name,
+        )
+        return replace(report, checks=judge(target.budgets, report.measured(), emulation, report.host))
+
+    report = measure()
+    if _spread_failed_busy(report):  # the host's own noise, not the model's: measure once more
+        again = measure()
+        note = "a spread budget failed while the host was busy, so it was measured a second time: " + (
+            "it failed again with the host still busy, so it reads UNRELIABLE, not FAIL" if _spread_failed_busy(again)
+            else "the second measurement is the one reported")
+        report = replace(again, notes=again.notes + [note])
+        if _spread_failed_busy(report):
+            report = replace(report, checks=[
+                replace(c, status="unreliable", passed=True,
+                        reason="the host was busy both times (load average above its CPU count)")
+                if c.name in SPREAD_BUDGETS and not c.passed else c for c in report.checks])
+    return report
+
+
+def judge(budgets: Budgets, figures: dict, emulation: Emulation | None, host: dict | None = None) -> list:
+    """Check ``figures`` against ``budgets``; when they were measured in emulation, the timing budgets (and, on
+    another architecture, the memory budget) are marked emulated with the reason: never a device PASS."""
+    checks = check_budgets(budgets, figures)
+    if emulation is None:
+        return checks
+    emulated = set(LATENCY_BUDGETS) | ({"max_peak_rss_mb"} if emulation.cross_isa else set())
+    return [replace(c, status="emulated", reason=emulation.note) if c.name in emulated else c for c in checks]
+
+
+def _spread_failed_busy(report) -> bool:
+    busy = report.host.get("load_average_1min", 0) > report.host.get("usable_cpus", 1)
+    return busy and any(c.name in SPREAD_BUDGETS and not c.passed for c in report.checks)
 
 
 def model_in(path: str | os.PathLike, runtime: str) -> Path:

@@ -41,6 +41,10 @@ from edgeopt.out_guard import input_bytes
               help="With --target: timed inferences for validation (at least).")
 @click.option("--validate-seconds", default=2.0, show_default=True, type=click.FloatRange(min=0),
               help="With --target: keep timing at least this long.")
+@click.option("--device", "device_spec", default=None,
+              help="With --target: validate on this device over SSH (devices.toml name or ssh://user@host:port).")
+@click.option("--require-device", is_flag=True,
+              help="With --target: exit 5 unless the validation's figures come from the device itself.")
 @click.option("--package", "package_out", default=None, type=click.Path(dir_okay=False),
               help="With --target: also write a device bundle (.tar.gz) of the validated artifact.")
 @click.option("--build-id", default=None, help="With --package: an identifier recorded in the bundle's manifest.")
@@ -52,21 +56,23 @@ from edgeopt.out_guard import input_bytes
 @force_option
 @weight_options
 def compress(model, calibration, out, formats, precision, recipe, eval_data, max_drop, min_cosine, input_shapes,
-             seed, json_out, quiet, target, validate_runs, validate_seconds, package_out, build_id, sign, train_data,
-             step_report, force, min_token_agreement, max_perplexity_ratio, gate_outputs, batch_axes, task,
-             **weight_args):
+             seed, json_out, quiet, target, validate_runs, validate_seconds, device_spec, require_device, package_out,
+             build_id, sign, train_data, step_report, force, min_token_agreement, max_perplexity_ratio, gate_outputs,
+             batch_axes, task, **weight_args):
     """Compress MODEL (ONNX, OpenVINO IR, file.py:factory, TorchScript, .pt2 or a Hugging Face model folder)
     and write IR/ONNX to OUT."""
     from edgeopt.batch_axes import parse_batch_axes
     from edgeopt import atomic
     from edgeopt.cli.streams import library_output
-    from edgeopt.cli.validate import print_validation, raise_if_failed
+    from edgeopt.cli.validate import print_validation, raise_if_failed, raise_if_not_device
     from edgeopt.export import parse_formats
     from edgeopt.pipeline import compress as run_compress
     from edgeopt.recipe import parse_recipe
     from edgeopt.report_console import print_compress_result
     from edgeopt.source import parse_input_shapes
 
+    if (device_spec or require_device) and not target:
+        raise BadInputError("--device and --require-device need --target (the profile to validate against)")
     if package_out and not target:
         raise BadInputError("--package needs --target (the bundle carries the target's settings and budgets)")
     guard_outputs(out, force, needs_bytes=3 * input_bytes(model), json_out=json_out, bundle=package_out)
@@ -92,7 +98,7 @@ def compress(model, calibration, out, formats, precision, recipe, eval_data, max
                               input_shapes=shapes, seed=seed, train_data=train_data, step_report=step_report,
                               quiet=quiet, batch_axes=axes, task=task)
     report = result.describe()
-    validations = _validate(profile, result, report, validate_runs, validate_seconds) if profile else []
+    validations = _validate(profile, result, report, validate_runs, validate_seconds, device_spec) if profile else []
     if json_out == "-":
         click.echo(jsonio.dumps(report, indent=2))
     elif json_out:
@@ -104,6 +110,8 @@ def compress(model, calibration, out, formats, precision, recipe, eval_data, max
     if not result.quality_passed:
         failed = [f"{name}: {msg}" for name, (ok, msg) in result.gate_results.items() if not ok]
         raise QualityGateError("quality gate failed: " + "; ".join(failed))
+    if require_device:
+        raise_if_not_device(validations)
     raise_if_failed(validations)
     for fmt, flags in result.flagged.items():  # the exit summary, even with --quiet (a failed run's one line
         click.echo(f"edgeopt: warning: the {fmt} artifact is {' and '.join(flags)} "  # is its error; the flags
@@ -160,8 +168,9 @@ def _sets_precision(recipe: str | None) -> bool:
     return any(get_pass(s.name).stage == "graph" or s.name == "qat" for s in steps)
 
 
-def _validate(profile, result, report: dict, runs: int, seconds: float) -> list:
-    """Validate the artifact(s) the profile's runtime runs; add the reports to report.json (atomically)."""
+def _validate(profile, result, report: dict, runs: int, seconds: float, device_spec: str | None) -> list:
+    """Validate the artifact(s) the profile's runtime runs (here, or on ``device_spec``); add the reports to
+    report.json (atomically)."""
     from pathlib import Path
 
     from edgeopt import atomic
@@ -169,8 +178,16 @@ def _validate(profile, result, report: dict, runs: int, seconds: float) -> list:
 
     if not result.quality_passed:
         return []
-    validations = [validate_on(profile, artifact.path, runs=runs, min_seconds=seconds)
-                   for artifact in result.artifacts if artifact.runtime == profile.settings.runtime]
+    if device_spec:
+        from edgeopt.remote.devices import load_device
+        from edgeopt.remote.run import measure
+
+        device = load_device(device_spec, profile.name)
+        validations = [measure(device, profile, artifact.path, runs=runs, min_seconds=seconds).report
+                       for artifact in result.artifacts if artifact.runtime == profile.settings.runtime]
+    else:
+        validations = [validate_on(profile, artifact.path, runs=runs, min_seconds=seconds)
+                       for artifact in result.artifacts if artifact.runtime == profile.settings.runtime]
     report["validation"] = {"target": profile.name, "passed": all(v.passed for v in validations),
                             "reports": [v.to_dict() for v in validations]}
     saved = Path(result.out) / "report.json"

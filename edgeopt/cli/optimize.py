@@ -38,18 +38,24 @@ _STYLE = {"chosen": "bold green", "closest": "bold yellow", "pass": "green", "fa
 @click.option("--min-seconds", default=2.0, show_default=True, type=click.FloatRange(min=0),
               help="Keep timing each candidate at least this long.")
 @click.option("--input-shape", "input_shapes", multiple=True, help="NAME=D1,D2,... for dynamic inputs.")
+@click.option("--device", "device_specs", multiple=True,
+              help="Measure every candidate on this device over SSH (devices.toml name or ssh://user@host:port); "
+                   "repeat for a pool of devices of the profile, measuring in parallel.")
+@click.option("--require-device", is_flag=True,
+              help="Exit 5 unless the choice rests on device figures (no emulated verdicts).")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--json", "json_out", default=None, help="Write the report as JSON to this file ('-' for stdout).")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 @force_option
 def optimize(model, target, calibration, eval_data, out, max_drop, min_cosine, min_token_agreement,
-             max_perplexity_ratio, objective, plan, cache_dir, runs, warmup, min_seconds, input_shapes, seed, json_out,
-             quiet, force, gate_outputs):
+             max_perplexity_ratio, objective, plan, cache_dir, runs, warmup, min_seconds, input_shapes, device_specs,
+             require_device, seed, json_out, quiet, force, gate_outputs):
     """Find the best artifact of MODEL for a device: measure the baseline, then try the plan's stages in order
     (FP16/INT8, accuracy-controlled INT8, weight compression, pruning + distillation) until one meets every
     budget of the profile and the quality gate.
 
-    Exit 0 when one is found, 3 when nothing keeps quality, 4 when nothing meets the budgets, 2 on bad input.
+    Exit 0 when one is found, 3 when nothing keeps quality, 4 when nothing meets the budgets, 2 on bad input,
+    5 when the devices give no figures (or --require-device and only emulated ones).
     """
     from edgeopt import atomic
     from edgeopt.cli.streams import library_output, warn
@@ -57,17 +63,28 @@ def optimize(model, target, calibration, eval_data, out, max_drop, min_cosine, m
     from edgeopt.optimize.search import Measuring, search
     from edgeopt.reporting import tables, write_reports
     from edgeopt.source import parse_input_shapes
+    from edgeopt.device.host import host_info
     from edgeopt.targets import load_target
 
     guard_outputs(out, force, needs_bytes=3 * input_bytes(model), json_out=json_out)
     profile = load_target(target)
     gate = quality_gate(max_drop, min_cosine, min_token_agreement, max_perplexity_ratio, gate_outputs)
+    cache = Cache(cache_dir or default_cache_dir(), warn=warn)
+    pool = None
+    if device_specs:
+        from edgeopt.remote.pool import DevicePool
+
+        pool = DevicePool(list(device_specs), profile, cache)
+    elif require_device and not profile.is_host(host_info()):
+        from edgeopt.errors import DeviceError
+
+        raise DeviceError(f"--require-device: this host is not a {profile.name} and no --device was given, so every "
+                          f"timing figure would be emulated")
     with _Progress(quiet) as progress, library_output(True):
-        result = search(model, calibration, eval_data, profile, gate=gate,
-                        cache=Cache(cache_dir or default_cache_dir(), warn=warn), plan=plan,
+        result = search(model, calibration, eval_data, profile, gate=gate, cache=cache, plan=plan,
                         measuring=Measuring(runs, warmup, min_seconds), objective=objective or profile.objective,
-                        input_shapes=parse_input_shapes(input_shapes), seed=seed, progress=progress.event)
-    report = result.describe()
+                        input_shapes=parse_input_shapes(input_shapes), seed=seed, pool=pool, progress=progress.event)
+    report = result.describe() | ({"devices": pool.describe()} if pool else {})
     with atomic.atomic_dir(out) as tmp:
         if result.chosen:
             report["chosen_files"] = _copy_artifact(result.chosen.artifact, result.chosen.validation["files"], tmp)
@@ -79,6 +96,11 @@ def optimize(model, target, calibration, eval_data, out, max_drop, min_cosine, m
     if not quiet and json_out != "-":
         _print(report, tables, Path(out))
     where = f"report: {Path(out) / 'report.md'}"
+    unmeasured = [c.label for c in result.candidates if (c.skipped or "").startswith("unmeasured")]
+    if unmeasured and not result.chosen:
+        from edgeopt.errors import DeviceError
+
+        raise DeviceError(f"no candidate chosen and {', '.join(unmeasured)} unmeasured: the device was lost; {where}")
     if result.verdict == "budgets":
         closest = result.closest
         raise BudgetError(f"no candidate meets every budget of {profile.name}; closest: {closest.label} "
@@ -152,7 +174,8 @@ def _summary(candidate) -> str:
         return candidate.skipped
     cache = ("reused from cache" if all(candidate.reused.values())
              else "artifact reused, measured" if candidate.reused["artifact"] else "built and measured")
-    verdict = "PASS" if candidate.passed else "FAIL: " + ", ".join(
+    emulated = any(c.status != "measured" for c in candidate.checks)
+    verdict = ("EMULATED" if emulated else "PASS") if candidate.passed else "FAIL: " + ", ".join(
         ([] if candidate.gate_passed else ["quality gate"]) + [c.name for c in candidate.failing]
         + ([] if candidate.eligible else [f"device lacks {candidate.precision}"]))
     return (f"{cache}; {candidate.file_bytes / 1e6:.3g} MB, p50 {candidate.figures['p50_ms']:.3g} ms, "

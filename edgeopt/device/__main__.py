@@ -61,6 +61,12 @@ def _parser() -> argparse.ArgumentParser:
     validate.add_argument("--json", dest="json_out", help="write the report as JSON to this file ('-': stdout)")
     validate.add_argument("--junit", dest="junit_out", help="write a JUnit XML report, one test case per budget")
     validate.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    validate.add_argument("--lock", help="hold this device lock (flock on LOCK.0 ... LOCK.N-1) while measuring")
+    validate.add_argument("--slots", type=_positive, default=1, help="measurements at once on this device (default 1)")
+    validate.add_argument("--lock-timeout", type=float, default=3600.0,
+                          help="seconds to wait for a free lock slot (default 3600)")
+    validate.add_argument("--exit-on-stdin-eof", action="store_true",
+                          help="stop when stdin closes (run over SSH: a dropped connection ends the measurement)")
     validate.add_argument("--max-extract-mb", type=float, default=None, help=_MAX_EXTRACT_HELP)
     validate.set_defaults(run=_validate)
     verify = commands.add_parser("verify", help="check checksums, manifest and signature only")
@@ -112,15 +118,30 @@ def _trust(args):
 
 
 def _validate(args) -> None:
+    import json
+    import time
+
+    from edgeopt.atomic import write_text
     from edgeopt.device.bundle import open_bundle
-    from edgeopt.device.reports import write_json, write_junit
+    from edgeopt.device.reports import write_junit
+    from edgeopt.device.session import exit_when_stdin_closes, take_device_lock
 
     guard_reports(args)
+    if args.exit_on_stdin_eof:
+        exit_when_stdin_closes()
     with tempfile.TemporaryDirectory(prefix="edgeopt-bundle-") as tmp:
         bundle = open_bundle(args.bundle, extract_to=tmp, max_bytes=_max_bytes(args), trust=_trust(args))
+        lock, waited = take_device_lock(args.lock, args.slots, args.lock_timeout) if args.lock else (None, 0.0)
+        started = time.time()
         report = validate_bundle(bundle, args.runs, args.warmup, args.min_seconds)
+        session = {"lock": lock, "lock_wait_s": round(waited, 3), "started_unix": started, "ended_unix": time.time()}
     if args.json_out:
-        write_json(report, args.json_out)
+        data = device_result(report, bundle, session)
+        text = json.dumps(data, indent=2, allow_nan=False)
+        if args.json_out == "-":
+            print(text)
+        else:
+            write_text(args.json_out, text + "\n")
     if args.junit_out:
         write_junit(report, args.junit_out)
     if not args.quiet and args.json_out != "-":
@@ -128,6 +149,19 @@ def _validate(args) -> None:
     failed = [c.name for c in report.checks if not c.passed]
     if failed:
         raise BudgetError(f"device budget failed: {', '.join(failed)} (target {report.target})")
+
+
+RESULT_SCHEMA = "edgeopt-device-result/1"
+
+
+def device_result(report, bundle, session: dict) -> dict:
+    """The validation report as the device writes it: with the bundle's sha256 (so a result cannot be
+    attached to another artifact) and when and under which lock it was measured."""
+    manifest = bundle.manifest
+    return {"schema_version": RESULT_SCHEMA, **report.to_dict(),
+            "bundle": {"file": bundle.path.name, "sha256": bundle.sha256, "build_id": manifest["build_id"],
+                       "model": manifest["model"], "target": manifest["target"]["name"]},
+            "session": session, "timings_ms": list(report.timings_ms)}
 
 
 def guard_reports(args) -> None:

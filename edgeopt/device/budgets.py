@@ -68,6 +68,18 @@ class BudgetCheck:
     unit: str
     passed: bool
     margin: float | None
+    status: str = "measured"  # or "emulated" (figure from another machine), "unreliable" (noisy host)
+    reason: str | None = None  # why emulated / unreliable
+
+    @property
+    def verdict(self) -> str:
+        """PASS / FAIL for a figure of the device itself (or of the artifact); an emulated figure is never a
+        PASS: EMULATED when within budget, FAIL (emulated) when not; UNRELIABLE for spread on a busy host."""
+        if self.status == "emulated":
+            return "EMULATED" if self.passed else "FAIL (emulated)"
+        if self.status == "unreliable":
+            return "UNRELIABLE"
+        return "PASS" if self.passed else "FAIL"
 
     @property
     def margin_pct(self) -> float | None:
@@ -78,7 +90,12 @@ class BudgetCheck:
         return BUDGET_FIELDS[self.name][2]
 
     def describe(self) -> dict:
-        return asdict(self) | {"margin_pct": self.margin_pct, "description": self.description}
+        return asdict(self) | {"margin_pct": self.margin_pct, "description": self.description,
+                               "verdict": self.verdict}
+
+
+LATENCY_BUDGETS = ("p50_ms", "p95_ms", "p99_ms", "max_cv", "max_p99_over_p50")  # timing: only the device's count
+SPREAD_BUDGETS = ("max_cv", "max_p99_over_p50")
 
 
 def check_budgets(budgets: Budgets, measurement: Mapping[str, float | None]) -> list[BudgetCheck]:

@@ -31,8 +31,10 @@ def to_junit(reports: list[ValidationReport]) -> str:
     suites = ET.Element("testsuites", name="edgeopt validate")
     for report in reports:
         failures = sum(not check.passed for check in report.checks)
+        skipped = sum(check.passed and check.status != "measured" for check in report.checks)
         suite = ET.SubElement(suites, "testsuite", name=f"{report.target or 'budgets'}: {report.artifact}",
-                              tests=str(len(report.checks)), failures=str(failures), errors="0", skipped="0",
+                              tests=str(len(report.checks)), failures=str(failures), errors="0",
+                              skipped=str(skipped),
                               time=f"{report.latency.mean_ms * report.latency.runs / 1000:.3f}",
                               hostname=report.host.get("cpu_model", ""))
         properties = ET.SubElement(suite, "properties")
@@ -45,9 +47,13 @@ def to_junit(reports: list[ValidationReport]) -> str:
                                  name=check.name, time="0")
             measured = "not measured" if check.measured is None else f"{check.measured:.4g}{check.unit}"
             verdict = f"measured {measured}, budget {check.budget:.4g}{check.unit}"
+            if check.status != "measured":  # emulated or unreliable: never a plain pass
+                verdict += f" ({check.status}: {check.reason})"
             if not check.passed:
                 failure = ET.SubElement(case, "failure", type="BudgetExceeded", message=f"{check.name}: {verdict}")
                 failure.text = report.measured_with()
+            elif check.status != "measured":
+                ET.SubElement(case, "skipped", message=f"{check.verdict}: {verdict}")
             else:
                 ET.SubElement(case, "system-out").text = verdict
     ET.indent(suites)
