@@ -211,7 +211,8 @@ def _text_image(shape: tuple, rng) -> np.ndarray:
 
 
 def make_data(inputs, count: int, seed: int, text: bool = False) -> dict[str, np.ndarray]:
-    """``count`` samples stacked on axis 0 (rank-0 inputs: one value per sample) for edgeopt's .npz format."""
+    """``count`` samples, each of the input's full shape, stacked on a new axis 0 (edgeopt's .npz format; it
+    keeps each input's own batch axis, such as a recurrent state batched on axis 1)."""
     rng = np.random.default_rng(seed)
     arrays = {}
     for spec in inputs:
@@ -220,22 +221,22 @@ def make_data(inputs, count: int, seed: int, text: bool = False) -> dict[str, np
             if len(spec.shape) == 0:
                 arrays[spec.name] = np.full((count,), 16000, dtype=dtype)
             elif "mask" in spec.name:
-                arrays[spec.name] = np.ones((count, *spec.shape[1:]), dtype=dtype)
+                arrays[spec.name] = np.ones((count, *spec.shape), dtype=dtype)
             else:
-                arrays[spec.name] = rng.integers(0, 1000, size=(count, *spec.shape[1:])).astype(dtype)
+                arrays[spec.name] = rng.integers(0, 1000, size=(count, *spec.shape)).astype(dtype)
         elif len(spec.shape) == 4 and spec.shape[1] == 3:
             draw = _text_image if text else _image
-            arrays[spec.name] = np.concatenate([draw(spec.shape, rng) for _ in range(count)]).astype(dtype)
+            arrays[spec.name] = np.stack([draw(spec.shape, rng) for _ in range(count)]).astype(dtype)
         elif "state" in spec.name or spec.name in ("h", "c", "input1", "input2"):
-            arrays[spec.name] = (rng.standard_normal((count, *spec.shape[1:])) * 0.1).astype(dtype)
+            arrays[spec.name] = (rng.standard_normal((count, *spec.shape)) * 0.1).astype(dtype)
         else:
-            arrays[spec.name] = rng.standard_normal((count, *spec.shape[1:])).astype(dtype)
+            arrays[spec.name] = rng.standard_normal((count, *spec.shape)).astype(dtype)
     return arrays
 
 
-def split(arrays, ranks: dict[str, int], count: int) -> list[dict[str, np.ndarray]]:
-    """The batch-1 samples of a stacked .npz (rank-0 inputs: one value per sample)."""
-    return [{k: np.asarray(v[i] if ranks[k] == 0 else v[i:i + 1]) for k, v in arrays.items()} for i in range(count)]
+def split(arrays, count: int) -> list[dict[str, np.ndarray]]:
+    """The samples of a stacked .npz, each of its input's full shape."""
+    return [{k: np.asarray(v[i]) for k, v in arrays.items()} for i in range(count)]
 
 
 def run_edgeopt(args: list[str], timeout: int = 1800) -> tuple[int, str]:
@@ -372,8 +373,7 @@ def run_entry(entry: Entry, work: Path) -> dict:
     import onnx
 
     row["opset"] = default_opset(onnx.load(str(source_onnx), load_external_data=False))
-    ranks = {spec.name: len(spec.shape) for spec in source.inputs}
-    samples, calib_samples = split(np.load(held), ranks, EVAL), split(np.load(calib), ranks, CALIB)
+    samples, calib_samples = split(np.load(held), EVAL), split(np.load(calib), CALIB)
     int8_onnx, int8_ir = work / "int8" / "model.onnx", work / "int8" / "model.xml"
     anchor_path, anchor_error = anchor(source_onnx, calib_samples, work / "anchor.onnx")
     row["anchor_error"] = anchor_error or None
