@@ -17,7 +17,7 @@ from edgeopt.bundle import write_bundle
 from edgeopt.device.bundle import SCHEMA, canonical_json
 from edgeopt.device.runtime import RuntimeSettings, open_session, runtime_for
 from edgeopt.errors import BadInputError, BudgetError, QualityGateError, first_line
-from edgeopt.targets import Target, load_target, model_in, validate_on
+from edgeopt.targets import Measuring, Target, load_target, model_in, validate_on
 
 VALIDATION = "validation.json"
 COMPRESS_REPORT = "compress_report.json"
@@ -35,20 +35,11 @@ class PackageResult:
         return {"bundle": str(self.path), "bytes": self.bytes, "sha256": self.sha256, "manifest": self.manifest}
 
 
-@dataclass(frozen=True)
-class Measurement:
-    """How package measures when no report is given (``validate_on``'s arguments)."""
-
-    runs: int = 300
-    warmup: int = 20
-    min_seconds: float = 2.0
-
-
 def package(artifact: str | Path, target: str | Path | Target, out: str | Path, *,
             formats: tuple[str, ...] | None = None, report: str | Path | dict | None = None,
             build_id: str | None = None,
             preprocess: str | Path | None = None, input_shapes: dict[str, tuple[int, ...]] | None = None,
-            measurement: Measurement = Measurement()) -> PackageResult:
+            measuring: Measuring = Measuring()) -> PackageResult:
     """Validate ``artifact`` (a model file or an ``edgeopt compress`` folder) on ``target`` and write the
     bundle to ``out``. ``input_shapes`` fill dynamic dimensions (over the target's). Raises ``QualityGateError`` when the compress report's gate failed and ``BudgetError``
     when a budget fails; nothing is written then. ``report``: a validation report (file or ``to_dict()``) of
@@ -65,8 +56,7 @@ def package(artifact: str | Path, target: str | Path | Target, out: str | Path, 
     compress_report = _compress_report(artifact)
     models = _models(artifact, primary, formats, target.settings.runtime)
     validation = _load_report(report, primary, target) if report is not None else \
-        validate_on(target, primary, runs=measurement.runs, warmup=measurement.warmup,
-                    min_seconds=measurement.min_seconds, input_shapes=input_shapes).to_dict()
+        validate_on(target, primary, measuring=measuring, input_shapes=input_shapes).to_dict()
     if not validation["passed"]:
         failed = ", ".join(c["name"] for c in validation["checks"] if not c["passed"])
         raise BudgetError(f"{primary}: device budget failed on {target.name} ({failed}); not packaged")

@@ -5,25 +5,29 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from edgeopt import atomic
 from edgeopt.data import SampleSet, load_samples
+from edgeopt.device.formats import format_for_runtime, model_suffixes
 from edgeopt.device.host import host_info
 from edgeopt.device.runtime import RuntimeSettings
+from edgeopt.device.validate import ValidationReport
 from edgeopt.errors import BadInputError
 from edgeopt.evaluate import (Quality, QualityGate, first_outputs, language_model_ids, measure_quality,
                               session_predictor, torch_predictor)
-from edgeopt.export import Artifact, save_artifacts, write_ir
-from edgeopt.passes import PassContext, WorkingModel, get_pass, run_step
-from edgeopt.recipe import Recipe, parse_recipe
-from edgeopt.source import SourceModel, load_model, to_onnx, to_openvino
+from edgeopt.export import Artifact, save_artifacts, saved_bytes
+from edgeopt.formats import FORMATS, REFERENCE, format_of, parse_formats
+from edgeopt.passes.base import PassContext, WorkingModel
+from edgeopt.passes.registry import GRAPH, TORCH
+from edgeopt.recipe import Recipe, Step, build_recipe
+from edgeopt.source import SourceModel, load_model
 from edgeopt.step_report import StepRecorder, StepReport
+from edgeopt.targets import Measuring, Target, load_target, validate_on
 from edgeopt.versions import tool_versions
-from edgeopt.weight_bytes import WeightBytes, artifact_weight_bytes, openvino_weight_bytes
+from edgeopt.weight_bytes import WeightBytes, artifact_weight_bytes
 
 EVAL_SETTINGS = RuntimeSettings(inference_precision="f32", threads=None)
 
@@ -44,6 +48,8 @@ class CompressResult:
     fp32_weight_bytes: WeightBytes | None = None  # weight constants of the FP32 OpenVINO model
     weight_bytes: dict[str, WeightBytes] = field(default_factory=dict)  # per artifact format, as saved
     steps: StepReport | None = None  # figures after each recipe step
+    target: Target | None = None  # the device profile the result is for
+    validations: list[ValidationReport] = field(default_factory=list)  # the artifacts the target runs, measured
 
     def settings_for(self, runtime: str) -> RuntimeSettings:
         """How artifacts of ``runtime`` are run for evaluation (ONNX Runtime has no precision or hint)."""
@@ -54,6 +60,10 @@ class CompressResult:
     @property
     def quality_passed(self) -> bool:
         return all(ok for ok, _ in self.gate_results.values())
+
+    @property
+    def budgets_passed(self) -> bool:
+        return all(v.passed for v in self.validations)
 
     def describe(self) -> dict:
         return {
@@ -77,33 +87,62 @@ class CompressResult:
             "host": host_info().describe(),
             "versions": tool_versions(),
             "steps": self.steps.describe() if self.steps else None,
+            **({"validation": {"target": self.target.name, "passed": self.budgets_passed,
+                               "reports": [v.to_dict() for v in self.validations]}} if self.validations else {}),
         }
 
 
-def compress(model: str | Path, calibration: str | Path, *, out: str | Path, recipe: str | Recipe = "int8",
-             formats: tuple[str, ...] = ("openvino", "onnx"), eval_data: str | Path | None = None,
+def compress(model: str | Path, calibration: str | Path, *, out: str | Path, recipe: str | Recipe | None = None,
+             precision: str | None = None, target: Target | str | Path | None = None,
+             formats: tuple[str, ...] | None = None, eval_data: str | Path | None = None,
              gate: QualityGate | None = None, input_shapes: dict | None = None, seed: int = 0,
              eval_settings: RuntimeSettings = EVAL_SETTINGS, train_data: str | Path | None = None,
-             step_report: bool | None = None, quiet: bool = False) -> CompressResult:
+             step_report: bool | None = None, quiet: bool = False, measuring: Measuring = Measuring(),
+             weights: Step | None = None) -> CompressResult:
     """Compress ``model`` with ``recipe`` and write the artifacts to ``out`` atomically.
 
-    The quality gate's verdict is in the result (``quality_passed``); callers decide what a failure means.
+    ``recipe``: steps (``"prune,distill,int8"``, a recipe ``.toml``, or a ``Recipe``); ``precision`` is the
+    one-step shorthand (int8, fp16, fp32; default int8). ``target`` (a ``Target``, a profile name or a
+    ``.toml`` path) does what ``--target`` does on the command line: its preferred precision unless the recipe
+    or ``precision`` sets one, its input shapes, its runtime's format required, passes that choose per device
+    (``weights`` mode=auto) see it, and the artifact it runs is validated against its budgets (when the quality
+    gate passed) with ``measuring``. Verdicts are in the result (``quality_passed``, ``budgets_passed``);
+    callers decide what a failure means. ``formats`` default: both, OpenVINO only for an OpenVINO IR input.
     ``train_data`` feeds the torch steps that fine-tune (default: the calibration set). ``step_report`` measures
     the model after every step (default: when the recipe has a PyTorch step).
     """
+    profile = as_target(target)
+    return compress_recipe(model, calibration, build_recipe(recipe, precision, weights=weights, target=profile),
+                           out=out, target=profile, formats=formats, eval_data=eval_data, gate=gate,
+                           input_shapes=input_shapes, seed=seed, eval_settings=eval_settings, train_data=train_data,
+                           step_report=step_report, quiet=quiet, measuring=measuring)
+
+
+def compress_recipe(model: str | Path, calibration: str | Path, recipe: Recipe, *, out: str | Path,
+                    target: Target | None = None, formats: tuple[str, ...] | None = None,
+                    eval_data: str | Path | None = None, gate: QualityGate | None = None,
+                    input_shapes: dict | None = None, seed: int = 0, eval_settings: RuntimeSettings = EVAL_SETTINGS,
+                    train_data: str | Path | None = None, step_report: bool | None = None, quiet: bool = False,
+                    measuring: Measuring | None = Measuring()) -> CompressResult:
+    """``compress`` with the recipe exactly as given (the target adds no step); ``measuring=None`` skips the
+    validation on the target (the search measures its candidates itself)."""
     timer = _Timer()
-    recipe = recipe if isinstance(recipe, Recipe) else parse_recipe(recipe)
+    profile = target
+    formats = _formats(model, formats, profile)
+    _check_contracts(recipe, formats, eval_data)
     gate = gate or QualityGate()
+    shapes = {**(profile.input_shapes if profile else {}), **(input_shapes or {})}
     with timer("load"):
-        source = load_model(model, input_shapes)
+        source = load_model(model, shapes)
         calib = load_samples(calibration, source.inputs)
         evaluation = load_samples(eval_data, source.inputs) if eval_data else None
         train = load_samples(train_data, source.inputs) if train_data else None
     if step_report is None:
-        step_report = any(get_pass(s.name).stage == "torch" for s in recipe.steps)
+        step_report = recipe.has_torch_steps
     recorder = StepRecorder(source, evaluation or calib) if step_report else None
-    working, fp32_ir_bytes, fp32_weights = _run_recipe(source, recipe, calib, formats, seed, timer, evaluation,
-                                                       train=train, quiet=quiet, observe=recorder)
+    ctx = PassContext(calibration=calib, seed=seed, evaluation=evaluation, train=train, quiet=quiet, target=profile,
+                      gate=gate)
+    working, fp32_ir_bytes, fp32_weights = _run_recipe(source, recipe, ctx, formats, timer, observe=recorder)
     out = Path(out)
     with atomic.atomic_dir(out) as tmp:
         with timer("save"):
@@ -112,58 +151,84 @@ def compress(model: str | Path, calibration: str | Path, *, out: str | Path, rec
                                 eval_settings=eval_settings, fp32_ir_bytes=fp32_ir_bytes,
                                 fp32_weight_bytes=fp32_weights,
                                 weight_bytes={a.format: artifact_weight_bytes(a.path) for a in artifacts},
-                                steps=recorder.finish() if recorder else None)
+                                steps=recorder.finish() if recorder else None, target=profile)
         if evaluation is not None:
             with timer("evaluate"):
                 _evaluate(result, source, evaluation)
+        if profile is not None and measuring is not None and result.quality_passed:
+            with timer("validate"):
+                result.validations = [validate_on(profile, a.path, measuring=measuring, input_shapes=shapes)
+                                      for a in artifacts if a.runtime == profile.settings.runtime]
+        result.validations = [replace(v, artifact=str(out / Path(v.artifact).name)) for v in result.validations]
         atomic.write_text(tmp / "report.json", json.dumps(result.describe() | {"seconds": timer.seconds}, indent=2))
     result.out, result.artifacts = out, [a.moved_to(out) for a in artifacts]
     return result
 
 
-def _run_recipe(source: SourceModel, recipe: Recipe, calib: SampleSet, formats: tuple[str, ...], seed: int,
-                timer: "_Timer", evaluation: SampleSet | None = None, *, train: SampleSet | None = None,
-                quiet: bool = False, observe: StepRecorder | None = None) -> tuple[WorkingModel, int, WeightBytes]:
+def as_target(target: Target | str | Path | None) -> Target | None:
+    """A loaded profile from a ``Target``, a name or a ``.toml`` path."""
+    return target if target is None or isinstance(target, Target) else load_target(target)
+
+
+def _formats(model: str | Path, formats: tuple[str, ...] | str | None, target: Target | None) -> tuple[str, ...]:
+    if isinstance(formats, str):
+        formats = parse_formats(formats)
+    if formats is None:
+        native = format_of(model).name if Path(model).suffix.lower() in model_suffixes() else None
+        formats = (REFERENCE,) if native == REFERENCE else tuple(FORMATS)
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown:
+        raise BadInputError(f"unknown format(s) {', '.join(unknown)} (known: {', '.join(FORMATS)})")
+    if target is not None:
+        needed = format_for_runtime(target.settings.runtime).name
+        if needed not in formats:
+            raise BadInputError(f"target {target.name} runs {target.settings.runtime}: --format must include {needed}")
+    return tuple(formats)
+
+
+def _check_contracts(recipe: Recipe, formats: tuple[str, ...], eval_data) -> None:
+    """What the passes declare they need, checked before anything is loaded."""
+    for step in recipe.steps:
+        info = step.info
+        if info.needs_eval and not eval_data:
+            raise BadInputError(f"{step.name}: needs evaluation data (--eval)")
+        refused = [f for f in formats if info.stage == GRAPH and f not in info.formats]
+        if refused:
+            labels = ", ".join(FORMATS[f].label for f in info.formats)
+            raise BadInputError(f"{step.name}: runs on {labels} only; ask for --format {','.join(info.formats)}")
+
+
+def _run_recipe(source: SourceModel, recipe: Recipe, ctx: PassContext, formats: tuple[str, ...], timer: "_Timer",
+                observe: StepRecorder | None = None) -> tuple[WorkingModel, int, WeightBytes]:
     """Run torch steps, convert, run graph steps; also return the original model's FP32 IR size and weight
     bytes."""
-    torch_steps = [s for s in recipe.steps if get_pass(s.name).stage == "torch"]
-    graph_steps = [s for s in recipe.steps if get_pass(s.name).stage == "graph"]
+    torch_steps, graph_steps = recipe.stage(TORCH), recipe.stage(GRAPH)
     if torch_steps and source.kind != "torch":
         raise BadInputError(f"{source.path}: {', '.join(s.name for s in torch_steps)} need(s) a PyTorch model "
                             f"(given {source.kind}); ONNX and OpenVINO IR have no training graph")
-    first_graph = min((recipe.steps.index(s) for s in graph_steps), default=len(recipe.steps))
-    if any(recipe.steps.index(s) > first_graph for s in torch_steps):
-        raise BadInputError(f"recipe '{recipe.describe()}': PyTorch steps must come before graph steps")
-    if "qat" in recipe.names and graph_steps:
-        raise BadInputError(f"recipe '{recipe.describe()}': qat already quantizes the model to INT8; drop "
-                            f"{', '.join(s.name for s in graph_steps)} after it")
-    ctx = PassContext(calibration=calib, seed=seed, evaluation=evaluation, train=train, quiet=quiet)
     working = WorkingModel(source, torch_module=copy.deepcopy(source.torch_module) if source.kind == "torch" else None)
     observe = observe or (lambda label, model: None)
     with timer("step report"):
         observe("original", working)
     for step in torch_steps:
         with timer(step.name):
-            run_step(step, working, ctx)
+            step.info.run(working, ctx, step.config)
         with timer("step report"):
             observe(step.describe(), working)
+    reference = FORMATS[REFERENCE]
     with timer("convert"):
-        if source.kind == "torch":
-            working.ov_model = to_openvino(working.torch_module, source.example_input, source.input_names)
-            if "onnx" in formats:
-                working.onnx_model = to_onnx(working.torch_module, source.example_input, source.input_names)
-        else:
-            working.ov_model = source.openvino_model()
-            if "onnx" in formats:
-                working.onnx_model = source.onnx_model()
+        for name in dict.fromkeys((REFERENCE, *formats)):
+            fmt = FORMATS[name]
+            working.graphs[name] = (fmt.from_torch(working.torch_module, source.example_input, source.input_names)
+                                    if source.kind == "torch" else fmt.from_source(source))
     # Size baselines are the original model's, not the model after pruning.
-    original_ov = working.ov_model if not torch_steps else to_openvino(source.torch_module, source.example_input,
-                                                                       source.input_names)
-    fp32_ir_bytes = ir_bytes(original_ov, compress_to_fp16=False)
-    fp32_weights = openvino_weight_bytes(original_ov)
+    original = working.graphs[REFERENCE] if not torch_steps else reference.from_torch(
+        source.torch_module, source.example_input, source.input_names)
+    fp32_ir_bytes = saved_bytes(original, REFERENCE, float_weights_fp16=False)
+    fp32_weights = reference.count_weights(original)
     for step in graph_steps:
         with timer(step.name):
-            run_step(step, working, ctx)
+            step.info.run(working, ctx, step.config)
         with timer("step report"):
             observe(step.describe(), working)
     return working, fp32_ir_bytes, fp32_weights
@@ -180,12 +245,6 @@ def _evaluate(result: CompressResult, source: SourceModel, evaluation: SampleSet
         quality = measure_quality(artifact.format, outputs, evaluation.labels, reference_outputs, token_ids)
         result.qualities[artifact.format] = quality
         result.gate_results[artifact.format] = result.gate.check(result.reference, quality)
-
-
-def ir_bytes(ov_model, compress_to_fp16: bool) -> int:
-    """Size on disk of ``ov_model`` saved as IR (.xml + .bin)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        return write_ir(ov_model, Path(tmp) / "model.xml", compress_to_fp16)
 
 
 def _original_predictor(source: SourceModel, settings: RuntimeSettings):

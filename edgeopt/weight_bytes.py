@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgeopt.errors import BadInputError
 
 _NOT_WEIGHTS = {"i32", "i64", "boolean", "int32", "int64", "bool"}
 
@@ -56,14 +55,7 @@ def onnx_weight_bytes(model) -> WeightBytes:
 
 
 def artifact_weight_bytes(path: str | Path) -> WeightBytes:
-    """Weight bytes of a saved model: OpenVINO ``.xml`` (+ ``.bin``) or ``.onnx``."""
-    path = Path(path)
-    if path.suffix.lower() == ".xml":
-        import openvino as ov
+    """Weight bytes of a saved model, in any format of ``edgeopt.formats``."""
+    from edgeopt.formats import format_of
 
-        return openvino_weight_bytes(ov.Core().read_model(str(path)))
-    if path.suffix.lower() == ".onnx":
-        import onnx
-
-        return onnx_weight_bytes(onnx.load(str(path)))
-    raise BadInputError(f"{path}: not a model file (expected .xml or .onnx)")
+    return format_of(path).weight_bytes(Path(path))

@@ -11,8 +11,8 @@ import pytest
 from edgeopt.data import load_samples
 from edgeopt.errors import BadInputError
 from edgeopt.evaluate import language_model_ids, next_token_fidelity
-from edgeopt.passes import PassContext, WorkingModel
-from edgeopt.passes.weights import default_weight_compression, weights
+from edgeopt.passes.base import PassContext, WorkingModel
+from edgeopt.passes.weights import WeightsConfig, default_weight_compression, weights
 from edgeopt.source import load_model
 from edgeopt.weight_bytes import artifact_weight_bytes, onnx_weight_bytes, openvino_weight_bytes
 
@@ -90,10 +90,11 @@ def source(tiny_lm):
 def _compress(source, token_data, onnx: bool = False, **params) -> WorkingModel:
     from edgeopt.source import to_onnx
 
-    model = WorkingModel(source, ov_model=source.openvino_model(),
-                         onnx_model=to_onnx(source.torch_module, source.example_input, source.input_names)
-                         if onnx else None)
-    weights(model, PassContext(calibration=load_samples(token_data, source.inputs)), **params)
+    graphs = {"openvino": source.openvino_model()}
+    if onnx:
+        graphs["onnx"] = to_onnx(source.torch_module, source.example_input, source.input_names)
+    model = WorkingModel(source, graphs=graphs)
+    weights(model, PassContext(calibration=load_samples(token_data, source.inputs)), WeightsConfig(**params))
     return model
 
 

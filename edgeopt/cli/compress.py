@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
-from edgeopt.cli.weight_options import recipe_with_weights, weight_options, weights_step
 from edgeopt.cli.gate_options import gate_options, quality_gate
+from edgeopt.cli.validate import raise_if_failed
+from edgeopt.cli.weight_options import weight_options, weights_step
 from edgeopt.errors import BadInputError, QualityGateError
 
 
@@ -45,109 +44,30 @@ def compress(model, calibration, out, formats, precision, recipe, eval_data, max
              step_report,
              min_token_agreement, max_perplexity_ratio, **weight_args):
     """Compress MODEL (ONNX, OpenVINO IR, file.py:factory, TorchScript or .pt2) and write IR/ONNX to OUT."""
-    from edgeopt import atomic
+    from edgeopt.api import compress as run_compress
     from edgeopt.cli.streams import library_output
-    from edgeopt.cli.validate import print_validation, raise_if_failed
-    from edgeopt.export import parse_formats
-    from edgeopt.pipeline import compress as run_compress
-    from edgeopt.recipe import parse_recipe
-    from edgeopt.report_console import print_compress_result
+    from edgeopt.reporting.console import emit, print_compress_result
     from edgeopt.source import parse_input_shapes
+    from edgeopt.targets import Measuring
 
     if package_out and not target:
         raise BadInputError("--package needs --target (the bundle carries the target's settings and budgets)")
-    if formats is None:
-        formats = "openvino" if model.lower().endswith(".xml") else "openvino,onnx"
-    weights = weights_step(weight_args, target)
-    profile, precision, shapes = _apply_target(target, precision, recipe if weights is None else "weights", formats,
-                                               parse_input_shapes(input_shapes))
-    recipe_obj = (_recipe(recipe, precision, parse_recipe) if weights is None
-                  else recipe_with_weights(recipe, precision, weights, parse_recipe))
     with library_output(quiet):
-        result = run_compress(model, calibration, out=out, recipe=recipe_obj, formats=parse_formats(formats),
-                              eval_data=eval_data,
+        result = run_compress(model, calibration, out=out, recipe=recipe, precision=precision, target=target,
+                              formats=formats, weights=weights_step(weight_args), eval_data=eval_data,
                               gate=quality_gate(max_drop, min_cosine, min_token_agreement, max_perplexity_ratio),
-                              input_shapes=shapes, seed=seed, train_data=train_data, step_report=step_report,
-                              quiet=quiet)
-    report = result.describe()
-    validations = _validate(profile, result, report, validate_runs, validate_seconds) if profile else []
-    if json_out == "-":
-        click.echo(json.dumps(report, indent=2))
-    elif json_out:
-        atomic.write_text(json_out, json.dumps(report, indent=2))
-    if not quiet and json_out != "-":
-        print_compress_result(result)
-        for validation in validations:
-            print_validation(validation)
+                              input_shapes=parse_input_shapes(input_shapes), seed=seed, train_data=train_data,
+                              step_report=step_report, quiet=quiet,
+                              measuring=Measuring(validate_runs, min_seconds=validate_seconds))
+    emit(result.describe(), lambda: print_compress_result(result), json_out, quiet)
     if not result.quality_passed:
         failed = [f"{name}: {msg}" for name, (ok, msg) in result.gate_results.items() if not ok]
         raise QualityGateError("quality gate failed: " + "; ".join(failed))
-    raise_if_failed(validations)
+    raise_if_failed(result.validations)
     if package_out:
         from edgeopt.packaging import package
 
-        bundle = package(result.out, profile, package_out, report=validations[0].to_dict(), build_id=build_id)
+        bundle = package(result.out, result.target, package_out, report=result.validations[0].to_dict(),
+                         build_id=build_id)
         if not quiet and json_out != "-":
             click.echo(f"{bundle.path}: {bundle.bytes} bytes, sha256 {bundle.sha256}")
-
-
-def _recipe(recipe: str | None, precision: str | None, parse):
-    if recipe is None:
-        return parse(precision if precision in ("int8", "fp16") else ("" if precision == "fp32" else "int8"))
-    parsed = parse(recipe)
-    if precision is None:
-        return parsed
-    from edgeopt.passes import get_pass
-    from edgeopt.recipe import Recipe, Step
-
-    if any(get_pass(s.name).stage == "graph" for s in parsed.steps):
-        raise BadInputError("give either --precision or a recipe with a precision step, not both")
-    return parsed if precision == "fp32" else Recipe(parsed.steps + (Step(precision),))
-
-
-def _apply_target(name: str | None, precision: str | None, recipe: str | None, formats: str, shapes: dict):
-    """The profile, the precision to use (the profile's first choice unless given) and the input shapes."""
-    if name is None:
-        return None, precision, shapes
-    from edgeopt.export import parse_formats
-    from edgeopt.targets import load_target
-
-    profile = load_target(name)
-    if precision is None and not _sets_precision(recipe):
-        precision = profile.precisions[0]
-    elif precision is not None and precision not in profile.precisions:
-        raise BadInputError(f"--precision {precision}: target {profile.name} supports {', '.join(profile.precisions)}")
-    needed = "openvino" if profile.settings.runtime == "openvino" else "onnx"
-    if needed not in parse_formats(formats):
-        raise BadInputError(f"target {profile.name} runs {profile.settings.runtime}: --format must include {needed}")
-    return profile, precision, {**profile.input_shapes, **shapes}
-
-
-def _sets_precision(recipe: str | None) -> bool:
-    """Whether the recipe decides the output precision itself: a graph step, or QAT (which quantizes)."""
-    if recipe is None:
-        return False
-    from edgeopt.passes import get_pass
-    from edgeopt.recipe import parse_recipe
-
-    steps = parse_recipe(recipe).steps
-    return any(get_pass(s.name).stage == "graph" or s.name == "qat" for s in steps)
-
-
-def _validate(profile, result, report: dict, runs: int, seconds: float) -> list:
-    """Validate the artifact(s) the profile's runtime runs; add the reports to report.json (atomically)."""
-    from pathlib import Path
-
-    from edgeopt import atomic
-    from edgeopt.targets import validate_on
-
-    if not result.quality_passed:
-        return []
-    validations = [validate_on(profile, artifact.path, runs=runs, min_seconds=seconds)
-                   for artifact in result.artifacts if artifact.runtime == profile.settings.runtime]
-    report["validation"] = {"target": profile.name, "passed": all(v.passed for v in validations),
-                            "reports": [v.to_dict() for v in validations]}
-    saved = Path(result.out) / "report.json"
-    atomic.write_text(saved, json.dumps(json.loads(saved.read_text(encoding="utf-8")) | {"validation":
-                                                                                          report["validation"]}, indent=2))
-    return validations

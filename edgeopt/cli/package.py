@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import click
+
+from edgeopt.reporting.console import emit
 
 
 @click.command()
@@ -32,14 +32,14 @@ def package(artifact, target, out, formats, report, build_id, preprocess, input_
 
     Exit 0 ok, 2 bad input, 3 the artifact failed its quality gate, 4 a device budget failed (nothing written).
     """
-    from edgeopt.export import parse_formats
-    from edgeopt.packaging import Measurement
+    from edgeopt.formats import parse_formats
+    from edgeopt.targets import Measuring
     from edgeopt.packaging import package as run_package
     from edgeopt.source import parse_input_shapes
 
     result = run_package(artifact, target, out, formats=parse_formats(formats) if formats else None, report=report,
                          build_id=build_id, preprocess=preprocess, input_shapes=parse_input_shapes(input_shapes),
-                         measurement=Measurement(runs, warmup, min_seconds))
+                         measuring=Measuring(runs, warmup, min_seconds))
     emit(result.describe(), f"{result.path}: {result.bytes} bytes, sha256 {result.sha256}", json_out, quiet)
 
 
@@ -53,15 +53,3 @@ def verify(bundle, json_out, quiet):
 
     checked = open_bundle(bundle)
     emit(describe(checked), summary(checked), json_out, quiet)
-
-
-def emit(data: dict, line: str, json_out: str | None, quiet: bool) -> None:
-    """JSON to a file or alone on stdout (``-``); otherwise one plain line unless quiet."""
-    from edgeopt import atomic
-
-    if json_out == "-":
-        click.echo(json.dumps(data, indent=2))
-    elif json_out:
-        atomic.write_text(json_out, json.dumps(data, indent=2) + "\n")
-    if not quiet and json_out != "-":
-        click.echo(line)

@@ -60,7 +60,7 @@ def candidate_rows(report: dict) -> list[Row]:
             budgets += f" (device does not run {c['precision']})"
         cache = "reused" if c["reused"]["artifact"] and c["reused"]["measurement"] else (
             "built" if not c["reused"]["artifact"] else "re-measured")
-        cells = (c["stage"], c["label"], c["precision"], c["recipe"], size_text(c["file_bytes"]),
+        cells = (c["stage"], c["label"], c.get("built_precision") or c["precision"], c["recipe"], size_text(c["file_bytes"]),
                  _num(fig.get("p50_ms")), _num(fig.get("p95_ms")), _num(fig.get("p99_ms")), _num(fig.get("cv"), 3),
                  f"{fig['peak_rss_mb']:.0f} MB" if fig.get("peak_rss_mb") else "-", quality_text,
                  "PASS" if quality["gate_passed"] else "FAIL", budgets, cache)
