@@ -31,7 +31,7 @@ from edgeopt.export import save_artifacts  # noqa: E402
 from edgeopt.passes.base import PassContext, WorkingModel  # noqa: E402
 from edgeopt.passes.weights import WeightsConfig, weights  # noqa: E402
 from edgeopt.source import load_model  # noqa: E402
-from edgeopt.weight_bytes import artifact_weight_bytes  # noqa: E402
+from edgeopt.formats import artifact_weight_bytes  # noqa: E402
 
 SAMPLES = {"text_encoder": "encoder", "tiny_lm": "lm"}
 VARIANTS = {

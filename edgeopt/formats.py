@@ -152,6 +152,11 @@ def format_of(path: str | Path) -> Format:
     return FORMATS[file_format(path).name]
 
 
+def artifact_weight_bytes(path: str | Path):
+    """Weight bytes (``edgeopt.weight_bytes.WeightBytes``) of a saved model file of any registered format."""
+    return format_of(path).weight_bytes(Path(path))
+
+
 def parse_formats(text: str) -> tuple[str, ...]:
     """``--format openvino,onnx`` → names, checked against the registry."""
     formats = tuple(dict.fromkeys(f.strip().lower() for f in text.split(",") if f.strip()))

@@ -19,7 +19,7 @@ from edgeopt.errors import BadInputError
 from edgeopt.evaluate import (Quality, QualityGate, first_outputs, language_model_ids, measure_quality,
                               session_predictor, torch_predictor)
 from edgeopt.export import Artifact, save_artifacts, saved_bytes
-from edgeopt.formats import FORMATS, REFERENCE, format_of, parse_formats
+from edgeopt.formats import FORMATS, REFERENCE, artifact_weight_bytes, format_of, parse_formats
 from edgeopt.passes.base import PassContext, WorkingModel
 from edgeopt.passes.registry import GRAPH, TORCH
 from edgeopt.recipe import Recipe, Step, build_recipe
@@ -27,7 +27,7 @@ from edgeopt.source import SourceModel, load_model
 from edgeopt.step_report import StepRecorder, StepReport
 from edgeopt.targets import Measuring, Target, load_target, validate_on
 from edgeopt.versions import tool_versions
-from edgeopt.weight_bytes import WeightBytes, artifact_weight_bytes
+from edgeopt.weight_bytes import WeightBytes
 
 EVAL_SETTINGS = RuntimeSettings(inference_precision="f32", threads=None)
 

@@ -9,7 +9,6 @@ not weights and are left out. Unlike file size this excludes the graph descripti
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 
 _NOT_WEIGHTS = {"i32", "i64", "boolean", "int32", "int64", "bool"}
@@ -52,10 +51,3 @@ def onnx_weight_bytes(model) -> WeightBytes:
         size = len(tensor.raw_data) if tensor.HasField("raw_data") else numpy_helper.to_array(tensor).nbytes
         by_type[kind] = by_type.get(kind, 0) + size
     return WeightBytes(sum(by_type.values()), by_type)
-
-
-def artifact_weight_bytes(path: str | Path) -> WeightBytes:
-    """Weight bytes of a saved model, in any format of ``edgeopt.formats``."""
-    from edgeopt.formats import format_of
-
-    return format_of(path).weight_bytes(Path(path))
