@@ -23,8 +23,9 @@ from edgeopt.formats import FORMATS, REFERENCE, artifact_weight_bytes, format_of
 from edgeopt.passes.base import PassContext, WorkingModel
 from edgeopt.passes.registry import GRAPH, TORCH
 from edgeopt.recipe import Recipe, Step, build_recipe
+from edgeopt.reporting.reports import CompressReport
 from edgeopt.source import SourceModel, load_model
-from edgeopt.step_report import StepRecorder, StepReport
+from edgeopt.reporting.steps import StepRecorder, StepReport
 from edgeopt.targets import Measuring, Target, load_target, validate_on
 from edgeopt.versions import tool_versions
 from edgeopt.weight_bytes import WeightBytes
@@ -66,7 +67,11 @@ class CompressResult:
         return all(v.passed for v in self.validations)
 
     def describe(self) -> dict:
-        return {
+        return self.report().to_dict()
+
+    def report(self) -> CompressReport:
+        """The typed report (``report.json``)."""
+        return CompressReport(**{
             "recipe": self.recipe.describe(),
             "recipe_steps": [{"name": s.name, "params": s.params} for s in self.recipe.steps],
             "notes": self.notes,
@@ -87,9 +92,10 @@ class CompressResult:
             "host": host_info().describe(),
             "versions": tool_versions(),
             "steps": self.steps.describe() if self.steps else None,
-            **({"validation": {"target": self.target.name, "passed": self.budgets_passed,
-                               "reports": [v.to_dict() for v in self.validations]}} if self.validations else {}),
-        }
+            "seconds": dict(self.seconds),
+            "validation": {"target": self.target.name, "passed": self.budgets_passed,
+                           "reports": [v.to_dict() for v in self.validations]} if self.validations else None,
+        })
 
 
 def compress(model: str | Path, calibration: str | Path, *, out: str | Path, recipe: str | Recipe | None = None,
@@ -160,7 +166,7 @@ def compress_recipe(model: str | Path, calibration: str | Path, recipe: Recipe, 
                 result.validations = [validate_on(profile, a.path, measuring=measuring, input_shapes=shapes)
                                       for a in artifacts if a.runtime == profile.settings.runtime]
         result.validations = [replace(v, artifact=str(out / Path(v.artifact).name)) for v in result.validations]
-        atomic.write_text(tmp / "report.json", json.dumps(result.describe() | {"seconds": timer.seconds}, indent=2))
+        atomic.write_text(tmp / "report.json", json.dumps(result.describe(), indent=2))
     result.out, result.artifacts = out, [a.moved_to(out) for a in artifacts]
     return result
 

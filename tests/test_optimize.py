@@ -77,6 +77,12 @@ def test_rerun_reuses_cached_artifacts_and_measurements(digits, tmp_path):
 
 def test_reports_are_written_and_well_formed(digits):
     _, out, _, report = digits
+    from conftest import report_schema_errors
+
+    from edgeopt.reporting.reports import OptimizeReport
+
+    assert report_schema_errors(report) == [] and OptimizeReport.from_dict(report).to_dict() == report
+    assert OptimizeReport.from_dict(OptimizeReport.from_dict(report).to_dict()) == OptimizeReport.from_dict(report)
     for name in ("latency.png", "tradeoff.png"):
         assert (out / name).read_bytes().startswith(PNG_MAGIC)
     markdown = (out / "report.md").read_text()

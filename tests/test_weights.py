@@ -14,7 +14,8 @@ from edgeopt.evaluate import language_model_ids, next_token_fidelity
 from edgeopt.passes.base import PassContext, WorkingModel
 from edgeopt.passes.weights import WeightsConfig, default_weight_compression, weights
 from edgeopt.source import load_model
-from edgeopt.weight_bytes import artifact_weight_bytes, onnx_weight_bytes, openvino_weight_bytes
+from edgeopt.formats import artifact_weight_bytes
+from edgeopt.weight_bytes import onnx_weight_bytes, openvino_weight_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB, LENGTH, WIDTH = 64, 16, 64

@@ -22,6 +22,7 @@ from edgeopt.optimize.candidate import Candidate, choose, closest
 from edgeopt.optimize.plan import DEFAULT_PLAN, PlannedCandidate, load_plan
 from edgeopt.device.formats import format_for_runtime
 from edgeopt.recipe import Recipe
+from edgeopt.reporting.reports import CompressReport, OptimizeReport
 from edgeopt.source import load_model
 from edgeopt.targets import OBJECTIVES, Measuring, Target, plan_emulation, validate_on
 from edgeopt.versions import tool_versions
@@ -49,7 +50,11 @@ class OptimizeResult:
         return "found" if self.chosen else ("budgets" if self.closest else "quality")
 
     def describe(self) -> dict:
-        return {
+        return self.report().to_dict()
+
+    def report(self) -> OptimizeReport:
+        """The typed report (``report.json``)."""
+        return OptimizeReport(**{
             "verdict": self.verdict,
             "chosen": self.chosen.label if self.chosen else None,
             "closest": self.closest.label if self.closest else None,
@@ -65,8 +70,8 @@ class OptimizeResult:
             "cache": str(self.cache_dir),
             "host": host_info().describe(),
             "versions": tool_versions(),
-            **({"chosen_files": self.chosen_files} if self.chosen_files else {}),
-        }
+            "chosen_files": self.chosen_files or None,
+        })
 
 
 def search(model: str, calibration: str, eval_data: str, target: Target, *, gate: QualityGate, cache: Cache,
@@ -170,14 +175,14 @@ class _Builder:
             except BadInputError as exc:
                 candidate.skipped = f"build failed: {first_line(exc)}"
                 return
-        report = json.loads((entry / "report.json").read_text(encoding="utf-8"))
-        artifact = report["artifacts"][0]
+        report = CompressReport.from_dict(json.loads((entry / "report.json").read_text(encoding="utf-8")))
+        artifact = report.artifacts[0]
         candidate.artifact = entry / artifact["path"]
         candidate.file_bytes = artifact["bytes"]
-        candidate.notes = list(report["notes"])
+        candidate.notes = list(report.notes)
         candidate.built = artifact["precision"]
-        original = Quality.from_dict(report["quality"]["original"])
-        quality = Quality.from_dict(report["quality"]["artifacts"][self.fmt])
+        original = Quality.from_dict(report.quality["original"])
+        quality = Quality.from_dict(report.quality["artifacts"][self.fmt])
         candidate.top1, candidate.reference_top1 = quality.top1, original.top1
         candidate.cosine = quality.fidelity.cosine if quality.fidelity else None
         candidate.gate_passed, candidate.gate_check = self.gate.check(original, quality)
