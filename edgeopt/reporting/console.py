@@ -136,22 +136,27 @@ def _fmt(value: float, unit: str) -> str:
 
 
 def print_optimize_result(report: dict, out: Path) -> None:
-    """The candidates table (★ chosen, ◆ closest), the verdict, how it was measured and what was written."""
+    """The report's console sections (candidates ★ chosen / ◆ closest, the verdict, how it was measured), in the
+    order of ``tables.sections``, and what was written."""
     from edgeopt.reporting import tables
 
-    out_console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
-    table = Table(title=f"candidates for {report['target']['name']} (★ chosen, ◆ closest)")
-    for header in tables.CANDIDATE_HEADERS:
-        table.add_column(header, overflow="fold")
-    for row in tables.candidate_rows(report):
-        mark = {"chosen": "★ ", "closest": "◆ "}.get(row.status, "")
-        table.add_row(row.cells[0], mark + row.cells[1], *row.cells[2:], style=_STYLE[row.status])
-    out_console.print(table)
-    out_console.print(tables.verdict(report), style="bold green" if report["verdict"] == "found" else "bold red")
-    measured = [value for key, value in tables.settings_lines(report) if key.startswith("measured with")]
-    out_console.print(f"measured with: {measured[0]}" if measured else "nothing was measured")
+    printer = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    for section in (s for s in tables.sections(report) if s.console):
+        if section.kind == "table":
+            headers, rows, _ = section.body
+            table = Table(title=f"candidates for {report['target']['name']} (★ chosen, ◆ closest)")
+            for header in headers:
+                table.add_column(header, overflow="fold")
+            for row in rows:
+                table.add_row(*tables.marked(row), style=_STYLE[row.status])
+            printer.print(table)
+        elif section.kind == "verdict":
+            printer.print(section.body, style="bold green" if report["verdict"] == "found" else "bold red")
+        elif section.kind == "fields":
+            measured = [value for key, value in section.body if key.startswith("measured with")]
+            printer.print(f"measured with: {measured[0]}" if measured else "nothing was measured")
     files = ", ".join(report.get("chosen_files", ["no artifact (none passed)"]))
-    out_console.print(f"written to {out}: {files}, report.md, report.html, report.json")
+    printer.print(f"written to {out}: {files}, report.md, report.html, report.json")
 
 
 class SearchProgress:
