@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from edgeopt import __version__
-from edgeopt.bundle import write_bundle
-from edgeopt.device.bundle import SCHEMA, canonical_json
+from edgeopt.bundle_writer import write_bundle
+from edgeopt.device.bundle_reader import SCHEMA, canonical_json
 from edgeopt.device.runtime import RuntimeSettings, open_session, runtime_for
 from edgeopt.errors import BadInputError, BudgetError, QualityGateError, first_line
 from edgeopt.targets import Measuring, Target, load_target, model_in, validate_on
@@ -44,7 +44,7 @@ def package(artifact: str | Path, target: str | Path | Target, out: str | Path, 
     bundle to ``out``. ``input_shapes`` fill dynamic dimensions (over the target's). Raises ``QualityGateError`` when the compress report's gate failed and ``BudgetError``
     when a budget fails; nothing is written then. ``report``: a validation report (file or ``to_dict()``) of
     this model on this target, used instead of measuring again."""
-    from edgeopt.device.bundle import open_bundle
+    from edgeopt.device.bundle_reader import open_bundle
 
     target = target if isinstance(target, Target) else load_target(target)
     if build_id is not None and (not build_id or len(build_id) > 200 or not build_id.isprintable()):

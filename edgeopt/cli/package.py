@@ -49,7 +49,7 @@ def package(artifact, target, out, formats, report, build_id, preprocess, input_
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 def verify(bundle, json_out, quiet):
     """Check BUNDLE: manifest schema, size and sha256 of every file, safe paths. Exit 0 ok, 2 otherwise."""
-    from edgeopt.device.bundle import describe, open_bundle, summary
+    from edgeopt.device.bundle_reader import describe, open_bundle, summary
 
     checked = open_bundle(bundle)
     emit(describe(checked), summary(checked), json_out, quiet)

@@ -70,7 +70,7 @@ def _verify(args) -> None:
     import json
 
     from edgeopt.atomic import write_text
-    from edgeopt.device.bundle import describe, open_bundle, summary
+    from edgeopt.device.bundle_reader import describe, open_bundle, summary
 
     bundle = open_bundle(args.bundle)
     if args.json_out == "-":
@@ -82,7 +82,7 @@ def _verify(args) -> None:
 
 
 def _validate(args) -> None:
-    from edgeopt.device.bundle import open_bundle
+    from edgeopt.device.bundle_reader import open_bundle
     from edgeopt.device.reports import write_json, write_junit
 
     with tempfile.TemporaryDirectory(prefix="edgeopt-bundle-") as tmp:
@@ -131,7 +131,7 @@ def validate_bundle(bundle, runs: int, warmup: int, min_seconds: float):
 
 
 def _text(bundle, report) -> str:
-    from edgeopt.device.bundle import summary
+    from edgeopt.device.bundle_reader import summary
 
     lines = [summary(bundle)]
     for check in report.checks:

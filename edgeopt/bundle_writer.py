@@ -15,7 +15,7 @@ import tarfile
 from pathlib import Path
 
 from edgeopt.atomic import atomic_file
-from edgeopt.device.bundle import MANIFEST, canonical_json, check_manifest, check_member_name
+from edgeopt.device.bundle_reader import MANIFEST, canonical_json, check_manifest, check_member_name
 from edgeopt.errors import BadInputError
 from edgeopt.export import sha256
 
