@@ -99,7 +99,7 @@ def test_distill_step_uses_train_data_and_bad_params_exit_2(cli, tiny_factory, t
     assert described["steps"] is None
     recipe.write_text('[[step]]\nname = "distill"\nalpha = 2.0\n')
     result = cli("compress", tiny_factory, "--calib", tiny_calib, "--recipe", recipe, "--out", tmp_path / "bad")
-    assert result.exit_code == 2 and "alpha must lie in [0, 1]" in result.stderr
+    assert result.exit_code == 2 and "distill: alpha must be in [0, 1]" in result.stderr
     assert not (tmp_path / "bad").exists()
 
 

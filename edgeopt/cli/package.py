@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import click
 
-from edgeopt.reporting.console import emit
-
 
 @click.command()
 @click.argument("artifact")
@@ -35,6 +33,7 @@ def package(artifact, target, out, formats, report, build_id, preprocess, input_
     from edgeopt.formats import parse_formats
     from edgeopt.targets import Measuring
     from edgeopt.packaging import package as run_package
+    from edgeopt.reporting.console import emit
     from edgeopt.source import parse_input_shapes
 
     result = run_package(artifact, target, out, formats=parse_formats(formats) if formats else None, report=report,
@@ -50,6 +49,7 @@ def package(artifact, target, out, formats, report, build_id, preprocess, input_
 def verify(bundle, json_out, quiet):
     """Check BUNDLE: manifest schema, size and sha256 of every file, safe paths. Exit 0 ok, 2 otherwise."""
     from edgeopt.device.bundle_reader import describe, open_bundle, summary
+    from edgeopt.reporting.console import emit
 
     checked = open_bundle(bundle)
     emit(describe(checked), summary(checked), json_out, quiet)

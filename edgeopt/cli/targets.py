@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 
@@ -17,12 +15,12 @@ def targets() -> None:
 def list_command(as_json):
     """List the device profiles and whether this host is the device or would emulate it."""
     from edgeopt.device.host import host_info
-    from edgeopt.reporting.console import print_targets
+    from edgeopt.reporting.console import emit, print_targets
     from edgeopt.targets import list_targets
 
     host, found = host_info(), list_targets()
     if as_json:
-        click.echo(json.dumps([t.describe() | {"this_host": t.is_host(host)} for t in found], indent=2))
+        emit([t.describe() | {"this_host": t.is_host(host)} for t in found], "", "-", quiet=False)
         return
     print_targets(found, host)
 
@@ -33,13 +31,12 @@ def list_command(as_json):
 def show_command(name, as_json):
     """Show profile NAME with everything it inherits resolved, and how this host would measure it."""
     from edgeopt.device.host import host_info
-    from edgeopt.reporting.console import print_target
+    from edgeopt.reporting.console import emit, print_target
     from edgeopt.targets import load_target, plan_emulation
 
     target = load_target(name)
     emulation = plan_emulation(target, host_info())
     if as_json:
-        click.echo(json.dumps(target.describe() | {"emulation_note": emulation.note if emulation else None},
-                              indent=2))
+        emit(target.describe() | {"emulation_note": emulation.note if emulation else None}, "", "-", quiet=False)
         return
     print_target(target, emulation)
