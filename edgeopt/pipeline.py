@@ -13,7 +13,7 @@ from edgeopt import atomic
 from edgeopt.data import SampleSet, load_samples
 from edgeopt.device.formats import format_for_runtime, model_suffixes
 from edgeopt.device.host import host_info
-from edgeopt.device.runtime import RuntimeSettings
+from edgeopt.device.runtime import SESSIONS, RuntimeSettings, runtime_for
 from edgeopt.device.validate import ValidationReport
 from edgeopt.errors import BadInputError
 from edgeopt.evaluate import (Quality, QualityGate, first_outputs, language_model_ids, measure_quality,
@@ -53,9 +53,9 @@ class CompressResult:
     validations: list[ValidationReport] = field(default_factory=list)  # the artifacts the target runs, measured
 
     def settings_for(self, runtime: str) -> RuntimeSettings:
-        """How artifacts of ``runtime`` are run for evaluation (ONNX Runtime has no precision or hint)."""
-        if runtime == "openvino":
-            return self.eval_settings
+        """How artifacts of ``runtime`` are run for evaluation (a runtime without a precision hint gets none)."""
+        if SESSIONS[runtime].precision_hint:
+            return replace(self.eval_settings, runtime=runtime)
         return RuntimeSettings(runtime=runtime, inference_precision=None, performance_hint=None)
 
     @property
@@ -256,9 +256,8 @@ def _evaluate(result: CompressResult, source: SourceModel, evaluation: SampleSet
 def _original_predictor(source: SourceModel, settings: RuntimeSettings):
     if source.kind == "torch":
         return torch_predictor(source.torch_module, source.input_names)
-    if source.kind == "onnx":
-        return session_predictor(source.path, RuntimeSettings(runtime="onnxruntime"))
-    return session_predictor(source.path, settings)
+    native = runtime_for(source.path)  # the original in the runtime its format is native to
+    return session_predictor(source.path, settings if native == settings.runtime else RuntimeSettings(runtime=native))
 
 
 class _Timer:

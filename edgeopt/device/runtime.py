@@ -60,13 +60,7 @@ def runtime_for(path: str | Path) -> str:
 
 
 def runtime_version(runtime: str) -> str:
-    if runtime == "openvino":
-        import openvino as ov
-
-        return ov.get_version()
-    import onnxruntime as ort
-
-    return ort.__version__
+    return SESSIONS[runtime].version()
 
 
 class Session:
@@ -76,6 +70,11 @@ class Session:
 
     label: str
     opens: tuple[str, ...]
+    precision_hint: bool  # whether the runtime takes an inference precision (else it computes in the model's)
+
+    @staticmethod
+    def version() -> str:  # pragma: no cover - interface
+        raise NotImplementedError
 
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
@@ -114,6 +113,13 @@ _ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(
 class OpenVINOSession(Session):
     label = "OpenVINO"
     opens = ("openvino", "onnx")  # edgeopt.device.formats names this runtime reads
+    precision_hint = True
+
+    @staticmethod
+    def version() -> str:
+        import openvino as ov
+
+        return ov.get_version()
 
     def __init__(self, path: Path, settings: RuntimeSettings):
         import openvino as ov
@@ -177,6 +183,13 @@ class OpenVINOSession(Session):
 class OnnxRuntimeSession(Session):
     label = "ONNX Runtime"
     opens = ("onnx",)
+    precision_hint = False
+
+    @staticmethod
+    def version() -> str:
+        import onnxruntime as ort
+
+        return ort.__version__
 
     def __init__(self, path: Path, settings: RuntimeSettings):
         import onnxruntime as ort

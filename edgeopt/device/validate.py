@@ -16,7 +16,7 @@ from pathlib import Path
 from edgeopt.device.budgets import BudgetCheck, Budgets, check_budgets
 from edgeopt.device.host import host_info
 from edgeopt.device.formats import file_format
-from edgeopt.device.runtime import RuntimeSettings
+from edgeopt.device.runtime import SESSIONS, RuntimeSettings
 from edgeopt.device.stats import LatencyStats, latency_stats
 from edgeopt.errors import BadInputError
 
@@ -232,9 +232,9 @@ def _precision_notes(settings: RuntimeSettings, effective: dict) -> list[str]:
     asked = settings.inference_precision
     if asked is None:
         return []
-    if settings.runtime == "onnxruntime":
-        return [f"inference precision {asked} is not applied: ONNX Runtime's CPU provider computes in the model's "
-                f"own precision"]
+    if not SESSIONS[settings.runtime].precision_hint:
+        return [f"inference precision {asked} is not applied: {SESSIONS[settings.runtime].label} computes in the "
+                f"model's own precision"]
     used = str(effective.get("inference_precision"))
     if used != asked:
         return [f"the profile asks for inference precision {asked}, but OpenVINO on this host computes in {used} "
