@@ -19,8 +19,9 @@ def test_python_compress_with_a_target_does_what_cli_target_does(cli, tiny_facto
     result = edgeopt.compress(tiny_factory, tiny_calib, out=tmp_path / "api", target=str(profile),
                               measuring=Measuring(runs=20, warmup=2, min_seconds=0))
     run = cli("compress", tiny_factory, "--calib", tiny_calib, "--target", profile, "--out", tmp_path / "cli",
-              "--validate-runs", 20, "--validate-seconds", 0, "--quiet")
+              "--validate-runs", 20, "--validate-seconds", 0)
     assert run.exit_code == 0, run.output
+    assert "measured with:" in run.output and "PASS" in run.output  # the budget table follows the artifacts
     api = json.loads((tmp_path / "api" / "report.json").read_text())
     via_cli = json.loads((tmp_path / "cli" / "report.json").read_text())
     target = load_target(profile)

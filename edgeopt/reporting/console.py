@@ -73,6 +73,8 @@ def print_compress_result(result) -> None:
         out.print(f"weight bytes ({fmt}): {format_bytes(weights.total)}{ratio}")
     if result.steps is not None:
         print_step_report(result.steps, out)
+    for validation in result.validations:  # the artifacts the target runs, against its budgets
+        print_validation(validation)
 
 
 def print_step_report(report, out: Console) -> None:
