@@ -2,8 +2,13 @@
 
 Supported sources:
 - ``.npz``: one array per model input (keyed by input name; a single-input model also accepts ``x``/``input``),
-  plus optional ``labels`` (or ``y``); samples are stacked on axis 0.
-- ``.npy``: one array for a single-input model, samples stacked on axis 0.
+  plus optional ``labels`` (or ``y``). An array holds its samples stacked on a new leading axis (N x the input's
+  shape) or concatenated along the input's batch axis (``TensorSpec.batch_axis``: axis 1 for a state
+  ``[2, B, 128]``); an array of exactly the input's shape, such as a rank-0 sample rate, is shared by every
+  sample.
+- ``.npy``: one array for a single-input model, laid out as in ``.npz``.
+- ``.txt`` (one text a line) or ``.jsonl`` (a ``text`` field, optional ``label``), for a model that carries its
+  tokenizer (a Hugging Face model folder): tokenized to the model's inputs (``edgeopt.hf``).
 - a folder of images (``.png``/``.jpg``/``.bmp``), optionally in one sub-folder per class (labels from sorted
   folder names); preprocessing from ``preprocess.toml`` in the folder (see ``Preprocess``).
 - ``file.py:function``: a function returning an iterable of samples; a sample is an array, a dict of arrays
@@ -18,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgeopt.device.runtime import TensorSpec, format_shape
+from edgeopt.device.runtime import TensorSpec, contiguous, format_shape
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.user_code import call, is_function_spec, load_function
 
@@ -80,8 +85,12 @@ class Preprocess:
         return cls(**raw)
 
 
-def load_samples(spec: str | Path, inputs: list[TensorSpec]) -> SampleSet:
-    """Load ``spec`` as samples matching ``inputs``; an empty or mismatched set is a ``BadInputError``."""
+TEXT_SUFFIXES = (".txt", ".jsonl")
+
+
+def load_samples(spec: str | Path, inputs: list[TensorSpec], tokenizer=None) -> SampleSet:
+    """Load ``spec`` as samples matching ``inputs``; an empty or mismatched set is a ``BadInputError``.
+    ``tokenizer`` (a Hugging Face tokenizer) turns text files into the inputs."""
     text = str(spec)
     if is_function_spec(text):
         head, _, func = text.rpartition(":")
@@ -96,14 +105,40 @@ def load_samples(spec: str | Path, inputs: list[TensorSpec]) -> SampleSet:
             raw, labels = _from_npz(path, inputs)
         elif path.suffix.lower() == ".npy":
             raw, labels = _from_npy(path, inputs)
+        elif path.suffix.lower() in TEXT_SUFFIXES:
+            if tokenizer is None:
+                raise BadInputError(f"{path}: text data needs a model that carries its tokenizer (a Hugging Face "
+                                    f"model folder); give token ids as .npz for this model")
+            from edgeopt.hf import text_samples
+
+            raw, labels = text_samples(path, tokenizer, inputs)
         else:
-            raise BadInputError(f"{path}: unknown data format (expected .npz, .npy, an image folder or file.py:function)")
+            raise BadInputError(f"{path}: unknown data format (expected .npz, .npy, .txt, .jsonl, an image folder "
+                                f"or file.py:function)")
     samples = [_check_sample(text, index, sample, inputs) for index, sample in enumerate(raw)]
     if not samples:
         raise BadInputError(f"{text}: the data set is empty")
     if labels is not None and len(labels) != len(samples):
         raise BadInputError(f"{text}: {len(labels)} labels for {len(samples)} samples")
-    return SampleSet(samples, None if labels is None else np.asarray(labels, dtype=np.int64), text)
+    return SampleSet(samples, None if labels is None else _labels(text, labels), text)
+
+
+def _labels(source: str, labels) -> np.ndarray:
+    """Class indices: integers, or floats that are whole numbers; anything else is refused, not truncated."""
+    try:
+        array = np.asarray(labels)
+    except (ValueError, TypeError) as exc:
+        raise BadInputError(f"{source}: labels are not an array of class indices ({first_line(exc)})") from exc
+    if array.dtype.kind in "iub":
+        return array.astype(np.int64).reshape(-1)
+    if array.dtype.kind != "f":
+        raise BadInputError(f"{source}: labels have dtype {array.dtype}; class indices must be integers")
+    flat = array.reshape(-1)
+    bad = np.flatnonzero(~np.isfinite(flat) | (flat != np.round(flat)))
+    if bad.size:
+        raise BadInputError(f"{source}: label {bad[0]} is {float(flat[bad[0]])}, not a whole class index "
+                            f"(refusing to truncate float labels)")
+    return flat.astype(np.int64)
 
 
 def _check_sample(source: str, index: int, sample: dict[str, np.ndarray], inputs: list[TensorSpec]) -> dict:
@@ -112,23 +147,67 @@ def _check_sample(source: str, index: int, sample: dict[str, np.ndarray], inputs
         raise BadInputError(f"{source}: sample {index} has inputs {sorted(sample)}, the model expects {sorted(names)}")
     checked = {}
     for spec in inputs:
-        value = np.asarray(sample[spec.name])
-        if value.shape == tuple(spec.shape[1:]) and spec.shape[0] == 1:
-            value = value[None]
+        value = sample[spec.name]
+        value = np.asarray(value.detach().cpu().numpy() if hasattr(value, "detach") else value)
+        axis = spec.batch_dim
+        if axis is not None and spec.shape[axis] == 1 and value.shape == spec.shape[:axis] + spec.shape[axis + 1:]:
+            value = np.expand_dims(value, axis)  # one sample given without its batch axis
         if value.shape != tuple(spec.shape):
             raise BadInputError(f"{source}: sample {index} input '{spec.name}' has shape {format_shape(value.shape)}, "
                                 f"the model expects {format_shape(spec.shape)}")
-        checked[spec.name] = np.ascontiguousarray(value.astype(spec.dtype, copy=False))
+        checked[spec.name] = contiguous(_convert(source, index, spec, value))
     return checked
 
 
-def _split(array: np.ndarray, spec: TensorSpec, source: Path) -> list[np.ndarray]:
-    """Split stacked samples along axis 0 into batch-sized pieces of ``spec.shape``."""
-    batch = spec.shape[0] or 1
-    if array.ndim != len(spec.shape) or array.shape[0] % batch:
-        raise BadInputError(f"{source}: array for input '{spec.name}' has shape {format_shape(array.shape)}, "
-                            f"expected samples stacked on axis 0 with shape {format_shape(spec.shape)} each")
-    return [array[i:i + batch] for i in range(0, array.shape[0], batch)]
+class Shared:
+    """One value that every sample shares (an array of exactly the input's shape, e.g. a rank-0 sample rate)."""
+
+    def __init__(self, value: np.ndarray):
+        self.value = value
+
+
+def _split(array: np.ndarray, spec: TensorSpec, source: Path) -> list[np.ndarray] | Shared:
+    """The samples an array holds for input ``spec``: stacked on a new leading axis, concatenated along the
+    batch axis, or (an array of exactly the input's shape without a batch axis) one value shared by all."""
+    shape = tuple(spec.shape)
+    if array.ndim == len(shape) + 1 and array.shape[1:] == shape:
+        return list(array)
+    axis = spec.batch_dim
+    if axis is not None and array.ndim == len(shape):
+        batch = shape[axis]
+        rest_match = all(a == s for i, (a, s) in enumerate(zip(array.shape, shape)) if i != axis)
+        if rest_match and array.shape[axis] % batch == 0:
+            return [np.take(array, range(i, i + batch), axis=axis) for i in range(0, array.shape[axis], batch)]
+    if array.shape == shape:
+        return Shared(array)
+    along = f"or concatenated on batch axis {axis}" if axis is not None else "(the input has no batch axis)"
+    raise BadInputError(f"{source}: array for input '{spec.name}' has shape {format_shape(array.shape)}; the model "
+                        f"expects {format_shape(shape)}: expected samples stacked on a new axis 0, {along}")
+
+
+def _zip_inputs(per_input: dict[str, list[np.ndarray] | Shared], source: Path) -> list[dict[str, np.ndarray]]:
+    """Per-input sample lists (and shared values) as one dict per sample."""
+    counts = {len(v) for v in per_input.values() if not isinstance(v, Shared)}
+    if len(counts) > 1:
+        raise BadInputError(f"{source}: inputs hold different numbers of samples ({sorted(counts)})")
+    count = counts.pop() if counts else 1
+    return [{name: values.value if isinstance(values, Shared) else values[i] for name, values in per_input.items()}
+            for i in range(count)]
+
+
+def _convert(source: str, index: int, spec: TensorSpec, value: np.ndarray) -> np.ndarray:
+    """``value`` in the input's dtype; non-numeric, complex and non-finite values are refused, not coerced."""
+    where = f"{source}: sample {index} input '{spec.name}'"
+    if value.dtype.kind not in "biuf":
+        kind = "complex" if value.dtype.kind == "c" else "non-numeric"
+        raise BadInputError(f"{where} has {kind} dtype {value.dtype}; the model expects {spec.dtype}")
+    if value.dtype.kind == "f" and not np.isfinite(value).all():
+        bad = "NaN" if np.isnan(value).any() else "inf"
+        raise BadInputError(f"{where} holds {bad} values; calibration and evaluation data must be finite")
+    target = np.dtype(spec.dtype)
+    if target.kind in "iu" and value.dtype.kind == "f" and not np.array_equal(value, np.round(value)):
+        raise BadInputError(f"{where} has fractional values; the model expects integers ({spec.dtype})")
+    return value.astype(target, copy=False)
 
 
 def _from_npz(path: Path, inputs: list[TensorSpec]):
@@ -148,12 +227,7 @@ def _from_npz(path: Path, inputs: list[TensorSpec]):
     missing = [spec.name for spec in inputs if spec.name not in archive]
     if missing:
         raise BadInputError(f"{path}: no array for input(s) {', '.join(missing)} (found {', '.join(sorted(archive))})")
-    per_input = {spec.name: _split(archive[spec.name], spec, path) for spec in inputs}
-    counts = {len(v) for v in per_input.values()}
-    if len(counts) > 1:
-        raise BadInputError(f"{path}: inputs hold different numbers of samples ({sorted(counts)})")
-    count = counts.pop()
-    return [{name: arrays[i] for name, arrays in per_input.items()} for i in range(count)], labels
+    return _zip_inputs({spec.name: _split(archive[spec.name], spec, path) for spec in inputs}, path), labels
 
 
 def _from_npy(path: Path, inputs: list[TensorSpec]):
@@ -163,7 +237,7 @@ def _from_npy(path: Path, inputs: list[TensorSpec]):
         array = np.load(path, allow_pickle=False)
     except Exception as exc:
         raise BadInputError(f"{path}: not a readable .npy file ({first_line(exc)})") from exc
-    return [{inputs[0].name: piece} for piece in _split(array, inputs[0], path)], None
+    return _zip_inputs({inputs[0].name: _split(array, inputs[0], path)}, path), None
 
 
 def _from_images(folder: Path, inputs: list[TensorSpec]):
@@ -208,7 +282,7 @@ def _from_hook(path: Path, func: str, inputs: list[TensorSpec]):
         samples.append(item if isinstance(item, dict) else _single(item, inputs, path))
         labels.append(label)
     has_labels = bool(labels) and all(label is not None for label in labels)
-    return samples, ([int(np.asarray(label).reshape(-1)[0]) for label in labels] if has_labels else None)
+    return samples, ([np.asarray(label).reshape(-1)[0] for label in labels] if has_labels else None)
 
 
 def _single(value, inputs: list[TensorSpec], source: Path) -> dict:

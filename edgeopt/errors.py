@@ -1,7 +1,8 @@
 """Typed exceptions. Library code raises these; only the CLI turns them into messages and exit codes.
 
 Exit codes (see CONVENTIONS): 0 ok, 1 internal error, 2 bad input or usage, 3 quality gate failed,
-4 device budget failed.
+4 device budget failed, 5 no device figures (the device could not be used, or a run that requires them has
+only emulated ones).
 """
 
 
@@ -29,6 +30,13 @@ class BudgetError(EdgeoptError):
     exit_code = 4
 
 
+class DeviceError(EdgeoptError):
+    """No figures from the device: it is unreachable or was lost, refused the connection or key, lacks the
+    runtime or disk space, or a run that requires device figures (``--require-device``) has only emulated ones."""
+
+    exit_code = 5
+
+
 _LOCATION_PREFIXES = ("Exception from ", "Check '", "FrontEnd API failed", "[ GENERAL_ERROR ]", "Traceback")
 
 
@@ -40,4 +48,12 @@ def first_line(exc: BaseException, limit: int = 300) -> str:
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
     informative = [line for line in lines if not line.startswith(_LOCATION_PREFIXES)]
     chosen = informative[0] if informative else (lines[0] if lines else type(exc).__name__)
+    key = next((line for line in informative if line.lstrip("- ").startswith(_KEY_LINES)), None)
+    if key:  # OpenVINO's conversion report: the summary line names the ops it has no rule for
+        chosen = f"{chosen.rstrip(':').split('. Failed operations')[0]}: {key.lstrip('- ')}"
+    elif chosen.endswith(":") and len(informative) > 1:  # a header line: say what follows
+        chosen = f"{chosen} {informative[1]}"
     return chosen[:limit]
+
+
+_KEY_LINES = ("No conversion rule found for operations",)

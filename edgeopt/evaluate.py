@@ -1,8 +1,13 @@
-"""Quality: top-1 accuracy (labelled data) or output fidelity vs the original, and the gate on the drop."""
+"""Quality: top-1 accuracy (labelled data) or output fidelity vs the original, and the gate on the drop.
+
+Every output counts: fidelity is measured per output, and the gate looks at the worst of the outputs it is told
+to (all by default). Top-1 agreement is reported only for outputs that are classifiers (a score per class).
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import re
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -12,30 +17,36 @@ from edgeopt.device.runtime import RuntimeSettings, open_session
 
 @dataclass(frozen=True)
 class Fidelity:
-    """How closely outputs follow the reference's, over all samples of the first output."""
+    """How closely one output follows the reference's, over all samples."""
 
-    cosine: float
+    cosine: float  # mean over samples of the cosine similarity of the flattened output
     max_abs_error: float
     mean_abs_error: float
-    top1_agreement: float | None  # share of samples whose argmax matches (classifier-shaped outputs)
+    top1_agreement: float | None  # share of samples whose argmax matches (classifier outputs only)
+    output: str | None = None  # the output's name
 
 
 @dataclass(frozen=True)
 class Quality:
     name: str
     top1: float | None  # accuracy in [0, 1] when labels exist
-    fidelity: Fidelity | None  # vs the original (None for the original itself)
+    fidelity: Fidelity | None  # vs the original: the worst gated output (None for the original itself)
     tokens: TokenFidelity | None = None  # next-token agreement and perplexity, for language models
+    outputs: tuple[Fidelity, ...] = ()  # every output, in the model's order
+    top1_output: str | None = None  # the output the labels are scored on
 
     def describe(self) -> dict:
-        return asdict(self)
+        described = asdict(self)
+        described["outputs"] = {f.output: asdict(f) for f in self.outputs}
+        return described
 
     @classmethod
     def from_dict(cls, data: dict) -> "Quality":
         """The inverse of ``describe`` (reports read back from a cache)."""
         fidelity, tokens = data.get("fidelity"), data.get("tokens")
+        outputs = tuple(Fidelity(**f) for f in (data.get("outputs") or {}).values())
         return cls(data["name"], data.get("top1"), Fidelity(**fidelity) if fidelity else None,
-                   TokenFidelity(**tokens) if tokens else None)
+                   TokenFidelity(**tokens) if tokens else None, outputs, data.get("top1_output"))
 
 
 @dataclass(frozen=True)
@@ -49,15 +60,30 @@ class QualityGate:
     min_cosine: float = 0.99
     min_token_agreement: float = 0.9
     max_perplexity_ratio: float = 1.1
+    outputs: tuple[str, ...] = ()  # the outputs that matter (default: every output)
+
+    def gated(self, quality: Quality) -> list[Fidelity]:
+        """The per-output fidelities the gate looks at."""
+        return [f for f in quality.outputs if not self.outputs or f.output in self.outputs]
 
     def check(self, reference: Quality, candidate: Quality) -> tuple[bool, str]:
+        """Top-1 drop on the labelled output when labels exist; cosine on every other gated output (the worst
+        one decides)."""
+        gated = self.gated(candidate) or ([candidate.fidelity] if candidate.fidelity else [])
+        verdict, parts = True, []
         if reference.top1 is not None and candidate.top1 is not None:
             drop = reference.top1 - candidate.top1
-            ok = drop <= self.max_drop + 1e-12
-            verdict = ok, f"top-1 drop {drop * 100:.2f} pp (max {self.max_drop * 100:.2f} pp)"
-        else:
-            cosine = candidate.fidelity.cosine
-            verdict = cosine >= self.min_cosine, f"cosine {cosine:.5f} (min {self.min_cosine})"
+            verdict = drop <= self.max_drop + 1e-12
+            parts.append(f"top-1 drop {drop * 100:.2f} pp (max {self.max_drop * 100:.2f} pp)")
+            gated = [f for f in gated if f.output != candidate.top1_output]
+        if gated:
+            worst = min(gated, key=lambda f: f.cosine)
+            where = f" on output '{worst.output}' (worst of {len(gated)})" if len(gated) > 1 else ""
+            if len(candidate.outputs) > 1 and len(gated) == 1:
+                where = f" on output '{worst.output}'"
+            verdict = verdict and worst.cosine >= self.min_cosine
+            parts.append(f"cosine {worst.cosine:.5f} (min {self.min_cosine}){where}")
+        verdict = verdict, "; ".join(parts)
         if candidate.tokens is None:
             return verdict
         ok, message = candidate.tokens.check(self.min_token_agreement, self.max_perplexity_ratio)
@@ -67,6 +93,72 @@ class QualityGate:
 def first_outputs(predict, samples: SampleSet) -> np.ndarray:
     """Run ``predict(feeds) -> list[array]`` on every sample; stack the first output."""
     return np.concatenate([np.asarray(predict(sample)[0]).reshape(1, -1) for sample in samples.samples])
+
+
+@dataclass
+class Outputs:
+    """Every output of a model over a sample set: per output, a samples x values array, its name and the shape
+    one sample gives."""
+
+    names: list[str]
+    values: list[np.ndarray]
+    shapes: list[tuple[int, ...]] = field(default_factory=list)
+
+    def index(self, name: str) -> int:
+        return self.names.index(name)
+
+
+def all_outputs(predict, samples: SampleSet, names: list[str]) -> Outputs:
+    """Run ``predict(feeds) -> list[array]`` on every sample; stack each output (named by position)."""
+    per_sample = [[np.asarray(o) for o in predict(sample)] for sample in samples.samples]
+    count = len(per_sample[0])
+    names = list(names) if len(names) == count else ["output"] if count == 1 else [f"output{i}" for i in range(count)]
+    values = [np.concatenate([outs[i].reshape(1, -1) for outs in per_sample]) for i in range(count)]
+    return Outputs(names, values, [per_sample[0][i].shape for i in range(count)])
+
+
+_CLASSIFIER_NAME = re.compile(r"logit|prob|class|score|cls|label", re.IGNORECASE)
+
+
+def classifier_outputs(reference: Outputs) -> set[str]:
+    """Outputs that give a score per class: one row of at least two values per sample, and either probabilities
+    (non-negative rows summing to 1) or a name that says so (logits, probs, scores, class)."""
+    found = set()
+    for name, values, shape in zip(reference.names, reference.values, reference.shapes):
+        if len(shape) != 2 or shape[0] != 1 or shape[1] < 2:
+            continue
+        probabilities = bool(np.all(values >= -1e-6) and np.allclose(values.sum(axis=1), 1.0, atol=1e-3))
+        if probabilities or _CLASSIFIER_NAME.search(name):
+            found.add(name)
+    return found
+
+
+def labelled_output(reference: Outputs, gated: tuple[str, ...] = ()) -> str:
+    """The output labels are scored on: the first (gated) classifier-shaped output, else the first gated one."""
+    candidates = [n for n in reference.names if not gated or n in gated] or reference.names
+    shaped = [n for n in candidates
+              if len(reference.shapes[reference.index(n)]) == 2 and reference.shapes[reference.index(n)][1] >= 2]
+    return (shaped or candidates)[0]
+
+
+def measure_outputs(name: str, outputs: Outputs, labels: np.ndarray | None, reference: Outputs | None, *,
+                    gated: tuple[str, ...] = (), token_ids: np.ndarray | None = None) -> Quality:
+    """Quality of ``outputs`` against the labels and, per output, against ``reference`` (the original's);
+    ``token_ids`` (from ``language_model_ids``) adds next-token fidelity on the first output."""
+    basis = reference or outputs
+    labelled = labelled_output(basis, gated) if labels is not None else None
+    top1 = (float(np.mean(outputs.values[basis.index(labelled)].argmax(axis=1) == labels))
+            if labelled is not None else None)
+    if reference is None:
+        return Quality(name, top1, None, top1_output=labelled)
+    classifiers = classifier_outputs(reference) | ({labelled} if labelled else set())
+    per_output = tuple(compare_outputs(o, r, output=n, classifier=n in classifiers)
+                       for n, o, r in zip(reference.names, outputs.values, reference.values))
+    considered = [f for f in per_output if not gated or f.output in gated] or list(per_output)
+    worst = min(considered, key=lambda f: f.cosine)
+    tokens = (next_token_fidelity(outputs.values[0], reference.values[0], token_ids)
+              if token_ids is not None else None)
+    return Quality(name, top1, worst, tokens, per_output, labelled)
 
 
 def session_predictor(path, settings: RuntimeSettings):
@@ -86,16 +178,6 @@ def torch_predictor(module, input_names: list[str]):
     return predict
 
 
-def measure_quality(name: str, outputs: np.ndarray, labels: np.ndarray | None,
-                    reference_outputs: np.ndarray | None, token_ids: np.ndarray | None = None) -> Quality:
-    """``token_ids`` (from ``language_model_ids``) adds next-token fidelity for a language model."""
-    top1 = float(np.mean(outputs.argmax(axis=1) == labels)) if labels is not None else None
-    fidelity = compare_outputs(outputs, reference_outputs) if reference_outputs is not None else None
-    tokens = (next_token_fidelity(outputs, reference_outputs, token_ids)
-              if token_ids is not None and reference_outputs is not None else None)
-    return Quality(name, top1, fidelity, tokens)
-
-
 def language_model_ids(predict, samples: SampleSet) -> np.ndarray | None:
     """The token ids (samples x positions) when the model is a language model, i.e. maps one integer input of
     shape 1 x T to per-position logits 1 x T x V; otherwise ``None``."""
@@ -109,14 +191,19 @@ def language_model_ids(predict, samples: SampleSet) -> np.ndarray | None:
     return np.concatenate([next(iter(sample.values())) for sample in samples.samples])
 
 
-def compare_outputs(outputs: np.ndarray, reference: np.ndarray) -> Fidelity:
+def compare_outputs(outputs: np.ndarray, reference: np.ndarray, output: str | None = None,
+                    classifier: bool | None = None) -> Fidelity:
+    """Fidelity of ``outputs`` (samples x ...) to ``reference``; top-1 agreement for a classifier output (by
+    default: any output of more than one value per sample)."""
     a = outputs.astype(np.float64).reshape(len(outputs), -1)
     b = reference.astype(np.float64).reshape(len(reference), -1)
     norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
-    cosine = np.where(norms > 0, np.sum(a * b, axis=1) / np.maximum(norms, 1e-300), 1.0)
+    both_zero = (np.linalg.norm(a, axis=1) == 0) & (np.linalg.norm(b, axis=1) == 0)
+    cosine = np.where(norms > 0, np.sum(a * b, axis=1) / np.maximum(norms, 1e-300), np.where(both_zero, 1.0, 0.0))
     error = np.abs(a - b)
-    agreement = float(np.mean(a.argmax(axis=1) == b.argmax(axis=1))) if a.shape[1] > 1 else None
-    return Fidelity(float(cosine.mean()), float(error.max()), float(error.mean()), agreement)
+    classifier = a.shape[1] > 1 if classifier is None else classifier
+    agreement = float(np.mean(a.argmax(axis=1) == b.argmax(axis=1))) if classifier and a.shape[1] > 1 else None
+    return Fidelity(float(cosine.mean()), float(error.max()), float(error.mean()), agreement, output)
 
 
 @dataclass(frozen=True)

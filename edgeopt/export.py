@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from edgeopt.errors import first_line
 from edgeopt.formats import FORMATS
 from edgeopt.passes.base import WorkingModel
 
@@ -47,7 +49,7 @@ def save_artifacts(model: WorkingModel, folder: Path, formats: tuple[str, ...], 
         fmt = FORMATS[name]
         main = fmt.main_file(folder, stem)
         fmt.canonicalize(model.graphs[name])
-        fmt.write(model.graphs[name], main, model.float_weights_fp16)
+        _write(fmt, model.graphs[name], main, model.float_weights_fp16)
         artifacts.append(Artifact(name, main, fmt.files(main), model.precision))
     return artifacts
 
@@ -59,8 +61,36 @@ def saved_bytes(graph, name: str, float_weights_fp16: bool) -> int:
     fmt = FORMATS[name]
     with tempfile.TemporaryDirectory() as tmp:
         main = fmt.main_file(Path(tmp))
-        fmt.write(graph, main, float_weights_fp16)
+        _write(fmt, graph, main, float_weights_fp16)
         return sum(f.stat().st_size for f in fmt.files(main))
+
+
+def _write(fmt, graph, main: Path, float_weights_fp16: bool) -> None:
+    try:
+        fmt.write(graph, main, float_weights_fp16)
+    except RuntimeError as exc:  # OpenVINO reports a failed write as a C++ stream error
+        raise _write_failure(main, exc) from exc
+
+
+def write_ir(ov_model, xml: Path, compress_to_fp16: bool) -> int:
+    """Save ``ov_model`` as IR at ``xml`` (and its ``.bin``); return the bytes both take on disk."""
+    _write(FORMATS["openvino"], ov_model, xml, compress_to_fp16)
+    return xml.stat().st_size + xml.with_suffix(".bin").stat().st_size
+
+
+def _write_failure(path: Path, exc: Exception) -> Exception:
+    """A ``WriteError`` when saving failed for lack of room or a stream error, else ``exc`` itself."""
+    from edgeopt.atomic import WriteError
+
+    try:
+        free = shutil.disk_usage(path.parent).free
+    except OSError:
+        free = None
+    if free is not None and free < (1 << 20):
+        return WriteError(path.parent, "No space left on device")
+    if "ios" in str(exc) or "stream" in str(exc).lower():
+        return WriteError(path.parent, f"the runtime could not write the model ({first_line(exc, 120)})")
+    return exc
 
 
 def sha256(path: Path) -> str:

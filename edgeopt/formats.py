@@ -60,10 +60,10 @@ class Format:
 # --- OpenVINO IR
 
 
-def _ov_from_torch(module, example, names):
+def _ov_from_torch(module, example, names, output_names=None):
     from edgeopt.source import to_openvino
 
-    return to_openvino(module, example, names)
+    return to_openvino(module, example, names, output_names)
 
 
 def _ov_write(graph, main: Path, fp16: bool) -> None:
@@ -108,10 +108,10 @@ def _ov_weights(graph):
 # --- ONNX
 
 
-def _onnx_from_torch(module, example, names):
+def _onnx_from_torch(module, example, names, output_names=None):
     from edgeopt.source import to_onnx
 
-    return to_onnx(module, example, names)
+    return to_onnx(module, example, names, output_names)
 
 
 def _onnx_write(graph, main: Path, fp16: bool) -> None:  # FP16 is a graph rewrite in the fp16 pass for ONNX

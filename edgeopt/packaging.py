@@ -2,8 +2,9 @@
 (or take a validation report measured before), assemble the manifest and write the bundle.
 
 The bundle is a function of its inputs only: the model files, the target profile, the validation report,
-the compress report, the preprocessing and ``build_id``. Measuring again gives other latency figures and
-so another bundle; pass the report (``report=``) to rebuild byte-identical bundles.
+the compress report, the preprocessing, ``build_id``, the tool versions and the signing key. Measuring again
+gives other latency figures and so another bundle; pass the report (``report=``) to rebuild byte-identical
+bundles.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from edgeopt import __version__
-from edgeopt.bundle_writer import write_bundle
+from edgeopt.bundle_writer import file_entry, write_bundle
 from edgeopt.device.bundle_reader import SCHEMA, canonical_json
 from edgeopt.device.formats import FILE_FORMATS, file_format
 from edgeopt.device.runtime import RuntimeSettings, open_session, runtime_for
 from edgeopt.errors import BadInputError, BudgetError, QualityGateError, first_line
+from edgeopt.provenance import STATEMENT, bundle_provenance, statement
 from edgeopt.targets import Measuring, Target, load_target, model_in, validate_on
 
 VALIDATION = "validation.json"
@@ -39,12 +41,15 @@ def package(artifact: str | Path, target: str | Path | Target, out: str | Path, 
             formats: tuple[str, ...] | None = None, report: str | Path | dict | None = None,
             build_id: str | None = None,
             preprocess: str | Path | None = None, input_shapes: dict[str, tuple[int, ...]] | None = None,
-            measuring: Measuring = Measuring()) -> PackageResult:
+            measuring: Measuring = Measuring(), sign=None) -> PackageResult:
     """Validate ``artifact`` (a model file or an ``edgeopt compress`` folder) on ``target`` and write the
     bundle to ``out``. ``input_shapes`` fill dynamic dimensions (over the target's). Raises ``QualityGateError`` when the compress report's gate failed and ``BudgetError``
     when a budget fails; nothing is written then. ``report``: a validation report (file or ``to_dict()``) of
-    this model on this target, used instead of measuring again."""
+    this model on this target, used instead of measuring again. ``sign``: a ``edgeopt.signing.Signer``, or the private key
+    (file, or ``env:NAME``) to make one with, to sign the manifest."""
     from edgeopt.device.bundle_reader import open_bundle
+    from edgeopt.signing import Signer
+    from edgeopt.versions import tool_versions
 
     target = target if isinstance(target, Target) else load_target(target)
     if build_id is not None and (not build_id or len(build_id) > 200 or not build_id.isprintable()):
@@ -52,6 +57,7 @@ def package(artifact: str | Path, target: str | Path | Target, out: str | Path, 
     artifact = Path(artifact)
     if not artifact.exists():
         raise BadInputError(f"{artifact}: no such artifact")
+    signer = sign if sign is None or isinstance(sign, Signer) else Signer(sign)  # a bad key fails before measuring
     primary = model_in(artifact, target.settings.runtime)
     compress_report = _compress_report(artifact)
     models = _models(artifact, primary, formats, target.settings.runtime)
@@ -65,6 +71,9 @@ def package(artifact: str | Path, target: str | Path | Target, out: str | Path, 
     files[VALIDATION] = canonical_json(validation)
     if compress_report is not None:
         files[COMPRESS_REPORT] = artifact / "report.json"
+    provenance = bundle_provenance(compress_report, target, tool_versions())
+    subjects = {f.name: file_entry(f) for model in models for f in _model_files(model)}
+    files[STATEMENT] = canonical_json(statement(provenance, subjects, build_id))
     manifest = {
         "schema": SCHEMA,
         "edgeopt_version": __version__,
@@ -85,9 +94,10 @@ def package(artifact: str | Path, target: str | Path | Target, out: str | Path, 
                                     "load_compile_ms": validation["load_compile_ms"]},
                        "measured_with": validation["measured_with"]["summary"],
                        "emulated": validation["emulated"], "report": VALIDATION},
+        "provenance": provenance,
     }
-    path = write_bundle(out, manifest, files)
-    checked = open_bundle(path)
+    path = write_bundle(out, manifest, files, sign=signer)
+    checked = open_bundle(path, trust=(signer.public_key,) if signer else None)
     return PackageResult(path, checked.manifest, path.stat().st_size, checked.sha256)
 
 

@@ -4,30 +4,32 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from edgeopt import atomic
+from edgeopt import atomic, jsonio
 from edgeopt.data import SampleSet, load_samples
 from edgeopt.device.formats import format_for_runtime, model_suffixes
 from edgeopt.device.host import host_info
 from edgeopt.device.runtime import SESSIONS, RuntimeSettings, runtime_for
 from edgeopt.device.validate import ValidationReport
 from edgeopt.errors import BadInputError
-from edgeopt.evaluate import (Quality, QualityGate, first_outputs, language_model_ids, measure_quality,
+from edgeopt.evaluate import (Quality, QualityGate, all_outputs, language_model_ids, measure_outputs,
                               session_predictor, torch_predictor)
 from edgeopt.export import Artifact, save_artifacts, saved_bytes
 from edgeopt.formats import FORMATS, REFERENCE, artifact_weight_bytes, format_of, parse_formats
 from edgeopt.passes.base import PassContext, WorkingModel
 from edgeopt.passes.registry import GRAPH, TORCH
+from edgeopt.provenance import describe_inputs
 from edgeopt.recipe import Recipe, Step, build_recipe
 from edgeopt.reporting.reports import CompressReport
 from edgeopt.source import SourceModel, load_model
 from edgeopt.reporting.steps import StepRecorder, StepReport
 from edgeopt.targets import Measuring, Target, load_target, validate_on
 from edgeopt.versions import tool_versions
+from edgeopt.vs_fp32 import VsFp32
+from edgeopt.vs_fp32 import compare as compare_with_fp32
 from edgeopt.weight_bytes import WeightBytes
 
 EVAL_SETTINGS = RuntimeSettings(inference_precision="f32", threads=None)
@@ -51,6 +53,14 @@ class CompressResult:
     steps: StepReport | None = None  # figures after each recipe step
     target: Target | None = None  # the device profile the result is for
     validations: list[ValidationReport] = field(default_factory=list)  # the artifacts the target runs, measured
+    inputs: dict | None = None  # what it was built from (``provenance.describe_inputs``)
+    decisions: dict = field(default_factory=dict)  # measured choices passes made (e.g. the ONNX INT8 backend)
+    vs_fp32: dict[str, VsFp32] = field(default_factory=dict)  # per format: size and p50 against FP32
+
+    @property
+    def flagged(self) -> dict[str, list[str]]:
+        """Artifacts larger or slower than the FP32 model in the same format and runtime."""
+        return {fmt: v.flags for fmt, v in self.vs_fp32.items() if v.flags}
 
     def settings_for(self, runtime: str) -> RuntimeSettings:
         """How artifacts of ``runtime`` are run for evaluation (a runtime without a precision hint gets none)."""
@@ -82,6 +92,7 @@ class CompressResult:
             "quality": {
                 "evaluated_with": {a.format: self.settings_for(a.runtime).describe() for a in self.artifacts},
                 "gate": {"max_top1_drop": self.gate.max_drop, "min_cosine": self.gate.min_cosine,
+                         "outputs": list(self.gate.outputs) or "all",
                          "language_model": {"min_token_agreement": self.gate.min_token_agreement,
                                             "max_perplexity_ratio": self.gate.max_perplexity_ratio}},
                 "original": self.reference.describe() if self.reference else None,
@@ -91,10 +102,14 @@ class CompressResult:
             },
             "host": host_info().describe(),
             "versions": tool_versions(),
+            "inputs": self.inputs,
             "steps": self.steps.describe() if self.steps else None,
             "seconds": dict(self.seconds),
             "validation": {"target": self.target.name, "passed": self.budgets_passed,
                            "reports": [v.to_dict() for v in self.validations]} if self.validations else None,
+            "decisions": self.decisions,
+            "vs_fp32": {fmt: v.describe() for fmt, v in self.vs_fp32.items()},
+            "flagged": self.flagged,
         })
 
 
@@ -104,7 +119,7 @@ def compress(model: str | Path, calibration: str | Path, *, out: str | Path, rec
              gate: QualityGate | None = None, input_shapes: dict | None = None, seed: int = 0,
              eval_settings: RuntimeSettings = EVAL_SETTINGS, train_data: str | Path | None = None,
              step_report: bool | None = None, quiet: bool = False, measuring: Measuring = Measuring(),
-             weights: Step | None = None) -> CompressResult:
+             weights: Step | None = None, batch_axes: dict | None = None, task: str | None = None) -> CompressResult:
     """Compress ``model`` with ``recipe`` and write the artifacts to ``out`` atomically.
 
     ``recipe``: steps (``"prune,distill,int8"``, a recipe ``.toml``, or a ``Recipe``); ``precision`` is the
@@ -115,13 +130,15 @@ def compress(model: str | Path, calibration: str | Path, *, out: str | Path, rec
     gate passed) with ``measuring``. Verdicts are in the result (``quality_passed``, ``budgets_passed``);
     callers decide what a failure means. ``formats`` default: both, OpenVINO only for an OpenVINO IR input.
     ``train_data`` feeds the torch steps that fine-tune (default: the calibration set). ``step_report`` measures
-    the model after every step (default: when the recipe has a PyTorch step).
+    the model after every step (default: when the recipe has a PyTorch step). ``batch_axes`` (by input name) and
+    ``task`` (for a Hugging Face model folder) go to ``load_model``.
     """
     profile = as_target(target)
     return compress_recipe(model, calibration, build_recipe(recipe, precision, weights=weights, target=profile),
                            out=out, target=profile, formats=formats, eval_data=eval_data, gate=gate,
                            input_shapes=input_shapes, seed=seed, eval_settings=eval_settings, train_data=train_data,
-                           step_report=step_report, quiet=quiet, measuring=measuring)
+                           step_report=step_report, quiet=quiet, measuring=measuring, batch_axes=batch_axes,
+                           task=task)
 
 
 def compress_recipe(model: str | Path, calibration: str | Path, recipe: Recipe, *, out: str | Path,
@@ -129,7 +146,8 @@ def compress_recipe(model: str | Path, calibration: str | Path, recipe: Recipe, 
                     eval_data: str | Path | None = None, gate: QualityGate | None = None,
                     input_shapes: dict | None = None, seed: int = 0, eval_settings: RuntimeSettings = EVAL_SETTINGS,
                     train_data: str | Path | None = None, step_report: bool | None = None, quiet: bool = False,
-                    measuring: Measuring | None = Measuring()) -> CompressResult:
+                    measuring: Measuring | None = Measuring(), batch_axes: dict | None = None,
+                    task: str | None = None) -> CompressResult:
     """``compress`` with the recipe exactly as given (the target adds no step); ``measuring=None`` skips the
     validation on the target (the search measures its candidates itself)."""
     timer = _Timer()
@@ -139,16 +157,27 @@ def compress_recipe(model: str | Path, calibration: str | Path, recipe: Recipe, 
     gate = gate or QualityGate()
     shapes = {**(profile.input_shapes if profile else {}), **(input_shapes or {})}
     with timer("load"):
-        source = load_model(model, shapes)
-        calib = load_samples(calibration, source.inputs)
-        evaluation = load_samples(eval_data, source.inputs) if eval_data else None
-        train = load_samples(train_data, source.inputs) if train_data else None
+        axes = {**(getattr(profile, "batch_axes", None) or {}), **(batch_axes or {})}
+        source = load_model(model, shapes, axes, task)
+        _check_gated_outputs(source, gate)
+        calib = load_samples(calibration, source.inputs, source.tokenizer)
+        evaluation = load_samples(eval_data, source.inputs, source.tokenizer) if eval_data else None
+        train = load_samples(train_data, source.inputs, source.tokenizer) if train_data else None
+        inputs = describe_inputs(model, source, {
+            "calibration": (calibration, calib),
+            "evaluation": (eval_data, evaluation) if evaluation is not None else None,
+            "training": (train_data, train) if train is not None else None})
     if step_report is None:
         step_report = recipe.has_torch_steps
     recorder = StepRecorder(source, evaluation or calib) if step_report else None
     ctx = PassContext(calibration=calib, seed=seed, evaluation=evaluation, train=train, quiet=quiet, target=profile,
                       gate=gate)
-    working, fp32_ir_bytes, fp32_weights = _run_recipe(source, recipe, ctx, formats, timer, observe=recorder)
+    try:
+        working, baseline, fp32_ir_bytes, fp32_weights = _run_recipe(source, recipe, ctx, formats, timer,
+                                                                     observe=recorder)
+    finally:
+        if recorder:
+            recorder.close()
     out = Path(out)
     with atomic.atomic_dir(out) as tmp:
         with timer("save"):
@@ -157,7 +186,11 @@ def compress_recipe(model: str | Path, calibration: str | Path, recipe: Recipe, 
                                 eval_settings=eval_settings, fp32_ir_bytes=fp32_ir_bytes,
                                 fp32_weight_bytes=fp32_weights,
                                 weight_bytes={a.format: artifact_weight_bytes(a.path) for a in artifacts},
-                                steps=recorder.finish() if recorder else None, target=profile)
+                                steps=recorder.finish() if recorder else None, target=profile, inputs=inputs,
+                                decisions=working.decisions)
+        with timer("vs fp32"):
+            result.vs_fp32 = compare_with_fp32(artifacts, baseline.graphs.get("openvino"), baseline.graphs.get("onnx"),
+                                               calib.samples[0])
         if evaluation is not None:
             with timer("evaluate"):
                 _evaluate(result, source, evaluation)
@@ -166,7 +199,7 @@ def compress_recipe(model: str | Path, calibration: str | Path, recipe: Recipe, 
                 result.validations = [validate_on(profile, a.path, measuring=measuring, input_shapes=shapes)
                                       for a in artifacts if a.runtime == profile.settings.runtime]
         result.validations = [replace(v, artifact=str(out / Path(v.artifact).name)) for v in result.validations]
-        atomic.write_text(tmp / "report.json", json.dumps(result.describe(), indent=2))
+        atomic.write_text(tmp / "report.json", jsonio.dumps(result.describe(), indent=2))
     result.out, result.artifacts = out, [a.moved_to(out) for a in artifacts]
     return result
 
@@ -225,11 +258,16 @@ def _run_recipe(source: SourceModel, recipe: Recipe, ctx: PassContext, formats: 
     with timer("convert"):
         for name in dict.fromkeys((REFERENCE, *formats)):
             fmt = FORMATS[name]
-            working.graphs[name] = (fmt.from_torch(working.torch_module, source.example_input, source.input_names)
+            working.graphs[name] = (fmt.from_torch(working.torch_module, source.example_input, source.input_names,
+                                                   source.output_names)
                                     if source.kind == "torch" else fmt.from_source(source))
     # Size baselines are the original model's, not the model after pruning.
-    original = working.graphs[REFERENCE] if not torch_steps else reference.from_torch(
-        source.torch_module, source.example_input, source.input_names)
+    originals = dict(working.graphs) if not torch_steps else {
+        name: FORMATS[name].from_torch(source.torch_module, source.example_input, source.input_names,
+                                       source.output_names) for name in working.graphs}
+    # Some graph passes change the model in place (nncf.compress_weights on OpenVINO): keep copies.
+    baseline = WorkingModel(source, graphs={name: _copy_graph(name, g) for name, g in originals.items()})
+    original = originals[REFERENCE]
     fp32_ir_bytes = saved_bytes(original, REFERENCE, float_weights_fp16=False)
     fp32_weights = reference.count_weights(original)
     for step in graph_steps:
@@ -237,20 +275,45 @@ def _run_recipe(source: SourceModel, recipe: Recipe, ctx: PassContext, formats: 
             step.info.run(working, ctx, step.config)
         with timer("step report"):
             observe(step.describe(), working)
-    return working, fp32_ir_bytes, fp32_weights
+    return working, baseline, fp32_ir_bytes, fp32_weights
+
+
+def _copy_graph(name: str, model):
+    if name == "openvino":
+        return model.clone()
+    if name != "onnx":
+        return model
+    import onnx
+
+    copied = onnx.ModelProto()
+    copied.CopyFrom(model)
+    return copied
 
 
 def _evaluate(result: CompressResult, source: SourceModel, evaluation: SampleSet) -> None:
     """Measure the original in its own framework, then each artifact in its runtime, and apply the gate."""
     original = _original_predictor(source, result.eval_settings)
-    reference_outputs = first_outputs(original, evaluation)
+    reference = all_outputs(original, evaluation, source.output_names)
     token_ids = language_model_ids(original, evaluation)
-    result.reference = measure_quality("original", reference_outputs, evaluation.labels, None)
+    gated = result.gate.outputs
+    result.reference = measure_outputs("original", reference, evaluation.labels, None, gated=gated)
     for artifact in result.artifacts:
-        outputs = first_outputs(session_predictor(artifact.path, result.settings_for(artifact.runtime)), evaluation)
-        quality = measure_quality(artifact.format, outputs, evaluation.labels, reference_outputs, token_ids)
+        outputs = all_outputs(session_predictor(artifact.path, result.settings_for(artifact.runtime)), evaluation,
+                              reference.names)
+        if len(outputs.values) != len(reference.values):
+            raise RuntimeError(f"{artifact.path.name} has {len(outputs.values)} outputs, the original "
+                                f"{len(reference.values)}")
+        quality = measure_outputs(artifact.format, outputs, evaluation.labels, reference, gated=gated,
+                                  token_ids=token_ids)
         result.qualities[artifact.format] = quality
         result.gate_results[artifact.format] = result.gate.check(result.reference, quality)
+
+
+def _check_gated_outputs(source: SourceModel, gate: QualityGate) -> None:
+    unknown = [name for name in gate.outputs if name not in source.output_names]
+    if unknown and source.output_names:
+        raise BadInputError(f"--outputs names unknown output(s) {', '.join(unknown)}; the model's outputs are "
+                            f"{', '.join(source.output_names)}")
 
 
 def _original_predictor(source: SourceModel, settings: RuntimeSettings):

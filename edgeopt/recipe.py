@@ -96,8 +96,8 @@ def checked(recipe: Recipe) -> Recipe:
     deciding = [s for s in recipe.steps if s.info.sets_precision]
     if len(deciding) > 1:
         later = ", ".join(s.name for s in deciding[1:])
-        raise BadInputError(f"recipe '{recipe.describe()}': {deciding[0].name} already sets the model's precision; "
-                            f"drop {later} after it")
+        raise BadInputError(f"recipe '{recipe.describe()}': {deciding[0].name} already sets the model's precision: "
+                            f"more than one precision step ({', '.join(s.name for s in deciding)}); drop {later}")
     return recipe
 
 
@@ -116,7 +116,7 @@ def parse_recipe(text: str) -> Recipe:
             raise BadInputError(f"{path}: unknown key(s) {', '.join(sorted(unknown))} (a recipe has [[step]] tables)")
         tables = raw.get("step", [])
         if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
-            raise BadInputError(f"{path}: 'step' must be [[step]] tables")
+            raise BadInputError(f"{path}: 'step' must be an array of tables: write each step as [[step]], not [step]")
         steps = []
         for index, table in enumerate(tables):
             params = dict(table)

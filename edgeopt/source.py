@@ -1,8 +1,10 @@
-"""Load the model to compress: ONNX file, OpenVINO IR, PyTorch factory, TorchScript or torch.export archive.
+"""Load the model to compress: ONNX file, OpenVINO IR, PyTorch factory, TorchScript or torch.export archive,
+or a local Hugging Face model folder (``edgeopt.hf``).
 
-A model spec is a path; ``file.py:factory`` names a Python function returning ``(module, example_input)``.
-Input shapes come from the model, or from ``input_shapes`` (``{"input": (1, 3, 32, 32)}``) where the model
-leaves them dynamic.
+A model spec is a path; ``file.py:factory`` names a Python function returning ``(module, example_input)``
+(see ``edgeopt.torch_inputs`` for the forms of example input). Input shapes come from the model, or from
+``input_shapes`` (``{"input": (1, 3, 32, 32)}``) where the model leaves them dynamic; a dynamic batch axis
+(``edgeopt.batch_axes``) defaults to 1.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from edgeopt.batch_axes import check_batch_axis, model_batch_axis
 from edgeopt.device.runtime import TensorSpec, format_shape
 from edgeopt.errors import BadInputError, first_line
+from edgeopt.onnx_prep import describe_unsupported
+from edgeopt.torch_inputs import torch_call
 from edgeopt.user_code import call, is_function_spec, load_function
 
 TORCH_ARCHIVE_SUFFIXES = (".pt", ".pth", ".pt2", ".ts", ".torchscript")
@@ -28,9 +33,12 @@ class SourceModel:
     kind: str  # "onnx" | "openvino" | "torch"
     path: Path
     inputs: list[TensorSpec]
-    torch_module: Any = None  # torch.nn.Module (or ScriptModule) for kind == "torch"
+    torch_module: Any = None  # torch.nn.Module (or ScriptModule) for kind == "torch", called positionally
     example_input: tuple = field(default_factory=tuple)  # torch tensors matching ``inputs``
     onnx_path: Path | None = None  # the ONNX file for kind == "onnx"
+    output_names: list[str] = field(default_factory=list)
+    tokenizer: Any = None  # a Hugging Face tokenizer, for text data (Hugging Face model folders)
+    model_type: str | None = None  # "transformer" when the source says so (a ``transformers`` model)
 
     @property
     def input_names(self) -> list[str]:
@@ -41,12 +49,15 @@ class SourceModel:
         import openvino as ov
 
         if self.kind == "torch":
-            return to_openvino(self.torch_module, self.example_input, self.input_names)
-        try:
-            model = ov.Core().read_model(str(self.path)) if self.kind == "openvino" else ov.convert_model(str(self.path))
+            return to_openvino(self.torch_module, self.example_input, self.input_names, self.output_names)
+        shapes = {spec.name: list(spec.shape) for spec in self.inputs}
+        try:  # static shapes at conversion: some exports only convert once every rank is known
+            model = (ov.Core().read_model(str(self.path)) if self.kind == "openvino"
+                     else ov.convert_model(str(self.path), input=shapes))
         except Exception as exc:
-            raise BadInputError(f"{self.path}: OpenVINO cannot read this model ({first_line(exc)})") from exc
-        model.reshape({spec.name: list(spec.shape) for spec in self.inputs})
+            reason = (describe_unsupported(self.path) if self.kind == "onnx" else None) or first_line(exc)
+            raise BadInputError(f"{self.path}: OpenVINO cannot read this model ({reason})") from exc
+        model.reshape(shapes)
         return model
 
     def onnx_model(self):
@@ -58,32 +69,48 @@ class SourceModel:
                 f"{self.path}: an OpenVINO IR cannot be converted to ONNX; give the ONNX or PyTorch model instead"
             )
         if self.kind == "torch":
-            return to_onnx(self.torch_module, self.example_input, self.input_names)
+            return to_onnx(self.torch_module, self.example_input, self.input_names, self.output_names)
         model = onnx.load(str(self.path))
         _fix_onnx_input_shapes(model, self.inputs)
         return model
 
 
-def load_model(spec: str | Path, input_shapes: dict[str, tuple[int, ...]] | None = None) -> SourceModel:
-    """Load ``spec`` and resolve static input specs; every failure is a one-line ``BadInputError``."""
-    input_shapes = input_shapes or {}
+def load_model(spec: str | Path, input_shapes: dict[str, tuple[int, ...]] | None = None,
+               batch_axes: dict[str, int | None] | None = None, task: str | None = None) -> SourceModel:
+    """Load ``spec`` and resolve static input specs; every failure is a one-line ``BadInputError``.
+
+    ``batch_axes`` overrides the batch axis read off the model, by input name; ``task`` picks the head of a
+    Hugging Face model folder (``edgeopt.hf.TASKS``).
+    """
+    input_shapes, batch_axes = input_shapes or {}, batch_axes or {}
     text = str(spec)
     path_text, _, factory = text.rpartition(":") if is_function_spec(text) else (text, "", "")
     path = Path(path_text)
     if not path.exists():
-        raise BadInputError(f"{path}: no such model file")
+        raise BadInputError(f"{path}: no such model file or folder")
     suffix = path.suffix.lower()
-    if factory:
-        return _load_torch_factory(path, factory, input_shapes)
-    if suffix == ".onnx":
-        return _load_onnx(path, input_shapes)
-    if suffix == ".xml":
-        return _load_openvino(path, input_shapes)
-    if suffix in TORCH_ARCHIVE_SUFFIXES:
-        return _load_torch_archive(path, input_shapes)
-    if suffix == ".py":
+    if task is not None and not path.is_dir():
+        raise BadInputError(f"--task applies to a Hugging Face model folder; {path} is not a folder")
+    if path.is_dir():
+        from edgeopt.hf import load_hf_folder
+
+        source = load_hf_folder(path, task, input_shapes)
+    elif factory:
+        source = _load_torch_factory(path, factory, input_shapes)
+    elif suffix == ".onnx":
+        source = _load_onnx(path, input_shapes, batch_axes)
+    elif suffix == ".xml":
+        source = _load_openvino(path, input_shapes, batch_axes)
+    elif suffix in TORCH_ARCHIVE_SUFFIXES:
+        source = _load_torch_archive(path, input_shapes)
+    elif suffix == ".py":
         raise BadInputError(f"{path}: name the factory function too, as {path}:FUNCTION")
-    raise BadInputError(f"{path}: unknown model format (expected .onnx, .xml, .py:factory, .pt2 or TorchScript .pt)")
+    else:
+        raise BadInputError(f"{path}: unknown model format (expected .onnx, .xml, .py:factory, .pt2, TorchScript .pt "
+                            f"or a Hugging Face model folder)")
+    if source.kind == "torch":
+        source.inputs = _with_batch_axes(path, source.inputs, batch_axes)
+    return source
 
 
 def parse_input_shapes(values: tuple[str, ...] | list[str]) -> dict[str, tuple[int, ...]]:
@@ -100,8 +127,8 @@ def parse_input_shapes(values: tuple[str, ...] | list[str]) -> dict[str, tuple[i
     return shapes
 
 
-def to_openvino(module, example_input: tuple, input_names: list[str]):
-    """Convert a torch module (or ExportedProgram) to ``openvino.Model`` with the given input names."""
+def to_openvino(module, example_input: tuple, input_names: list[str], output_names: list[str] | None = None):
+    """Convert a torch module (or ExportedProgram) to ``openvino.Model`` with the given input and output names."""
     import openvino as ov
     import torch
 
@@ -109,18 +136,26 @@ def to_openvino(module, example_input: tuple, input_names: list[str]):
         with torch.no_grad():
             model = ov.convert_model(module, example_input=example_input)
     except Exception as exc:
-        raise BadInputError(f"OpenVINO cannot convert the PyTorch model ({first_line(exc)})") from exc
+        if isinstance(module, torch.export.ExportedProgram):
+            raise BadInputError(f"OpenVINO cannot convert the PyTorch model ({first_line(exc)})") from exc
+        try:  # code that does not survive torch.jit.trace (e.g. some transformers masks) often exports
+            with torch.no_grad():
+                model = ov.convert_model(torch.export.export(module, tuple(example_input), strict=False))
+        except Exception:
+            raise BadInputError(f"OpenVINO cannot convert the PyTorch model ({first_line(exc)})") from exc
     for port, name in zip(model.inputs, input_names):
         port.get_tensor().set_names({name})
     model.reshape({port: list(tensor.shape) for port, tensor in zip(model.inputs, example_input)})
-    output_names = ["output"] if len(model.outputs) == 1 else [f"output{i}" for i in range(len(model.outputs))]
+    given = output_names is not None and len(output_names) == len(model.outputs)
+    if not given:
+        output_names = ["output"] if len(model.outputs) == 1 else [f"output{i}" for i in range(len(model.outputs))]
     for port, name in zip(model.outputs, output_names):
-        if not port.get_names():
+        if given or not port.get_names():
             port.get_tensor().set_names({name})
     return model
 
 
-def to_onnx(module, example_input: tuple, input_names: list[str]):
+def to_onnx(module, example_input: tuple, input_names: list[str], output_names: list[str] | None = None):
     """Export a torch module to an ``onnx.ModelProto`` (TorchScript exporter: one self-contained file)."""
     import onnx
     import torch
@@ -134,10 +169,18 @@ def to_onnx(module, example_input: tuple, input_names: list[str]):
                                       external_data=False)
                 else:
                     torch.onnx.export(module.eval(), example_input, str(target), dynamo=False,
-                                      input_names=input_names, output_names=_output_names(module, example_input),
+                                      input_names=input_names,
+                                      output_names=output_names or _output_names(module, example_input),
                                       opset_version=17)
         except Exception as exc:
-            raise BadInputError(f"torch cannot export the model to ONNX ({first_line(exc)})") from exc
+            if isinstance(module, torch.export.ExportedProgram):
+                raise BadInputError(f"torch cannot export the model to ONNX ({first_line(exc)})") from exc
+            try:  # as in to_openvino: the torch.export-based exporter where tracing fails
+                with torch.no_grad():
+                    torch.onnx.export(module.eval(), tuple(example_input), str(target), dynamo=True,
+                                      input_names=input_names, output_names=output_names, external_data=False)
+            except Exception:
+                raise BadInputError(f"torch cannot export the model to ONNX ({first_line(exc)})") from exc
         return onnx.load(str(target))
 
 
@@ -150,7 +193,7 @@ def _output_names(module, example_input) -> list[str]:
     return ["output"] if count == 1 else [f"output{i}" for i in range(count)]
 
 
-def _load_onnx(path: Path, input_shapes: dict) -> SourceModel:
+def _load_onnx(path: Path, input_shapes: dict, batch_axes: dict) -> SourceModel:
     import onnx
 
     try:
@@ -164,13 +207,16 @@ def _load_onnx(path: Path, input_shapes: dict) -> SourceModel:
         if value.name in initializers:
             continue
         tensor_type = value.type.tensor_type
-        dims = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tensor_type.shape.dim)
+        declared = [(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None,
+                     d.dim_param if d.HasField("dim_param") else None) for d in tensor_type.shape.dim]
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)).name
-        specs.append(TensorSpec(value.name, dims, dtype))
-    return SourceModel("onnx", path, _resolve_shapes(path, specs, input_shapes), onnx_path=path)
+        specs.append(TensorSpec(value.name, tuple(size for size, _ in declared), dtype, model_batch_axis(declared)))
+    outputs = [value.name for value in model.graph.output]
+    return SourceModel("onnx", path, _resolve_shapes(path, _with_batch_axes(path, specs, batch_axes), input_shapes),
+                       onnx_path=path, output_names=outputs)
 
 
-def _load_openvino(path: Path, input_shapes: dict) -> SourceModel:
+def _load_openvino(path: Path, input_shapes: dict, batch_axes: dict) -> SourceModel:
     import openvino as ov
 
     if not path.with_suffix(".bin").is_file():
@@ -183,8 +229,10 @@ def _load_openvino(path: Path, input_shapes: dict) -> SourceModel:
     for port in model.inputs:
         dims = tuple(None if d.is_dynamic else d.get_length() for d in port.get_partial_shape())
         dtype = port.get_element_type().to_dtype().name
-        specs.append(TensorSpec(port.get_any_name(), dims, dtype))
-    return SourceModel("openvino", path, _resolve_shapes(path, specs, input_shapes))
+        specs.append(TensorSpec(port.get_any_name(), dims, dtype, model_batch_axis([(d, None) for d in dims])))
+    outputs = [port.get_any_name() if port.get_names() else f"output{i}" for i, port in enumerate(model.outputs)]
+    return SourceModel("openvino", path, _resolve_shapes(path, _with_batch_axes(path, specs, batch_axes), input_shapes),
+                       output_names=outputs)
 
 
 def _load_torch_factory(path: Path, factory: str, input_shapes: dict) -> SourceModel:
@@ -192,7 +240,13 @@ def _load_torch_factory(path: Path, factory: str, input_shapes: dict) -> SourceM
     if not (isinstance(built, tuple) and len(built) == 2):
         raise BadInputError(f"{path}:{factory} must return (module, example_input)")
     module, example = built
-    return _torch_source(path, module.eval(), example, input_shapes)
+    import torch
+
+    if not isinstance(module, (torch.nn.Module, torch.export.ExportedProgram)):
+        raise BadInputError(f"{path}:{factory} must return (module, example_input); its first item is a "
+                            f"{type(module).__name__}, not a torch.nn.Module")
+    return torch_source(path, module.eval() if isinstance(module, torch.nn.Module) else module, example,
+                        input_shapes)
 
 
 def _load_torch_archive(path: Path, input_shapes: dict) -> SourceModel:
@@ -213,22 +267,70 @@ def _load_torch_archive(path: Path, input_shapes: dict) -> SourceModel:
         if not input_shapes:
             raise BadInputError(f"{path}: give the input shapes with --input-shape NAME=D1,D2,...")
         example = tuple(torch.zeros(shape) for shape in input_shapes.values())
-    return _torch_source(path, module, example, input_shapes)
+    return torch_source(path, module, example, input_shapes)
 
 
-def _torch_source(path: Path, module, example, input_shapes: dict) -> SourceModel:
+def torch_source(path: Path, module, example, input_shapes: dict, **extra) -> SourceModel:
+    """A ``SourceModel`` for a torch module and its example input (``edgeopt.torch_inputs`` forms);
+    ``input_shapes`` replaces the example's shapes by input name (all of them: by position, naming the inputs)."""
     import torch
 
-    example = tuple(example) if isinstance(example, (tuple, list)) else (example,)
+    where = str(path)
+    if isinstance(module, torch.export.ExportedProgram):
+        example = tuple(example) if isinstance(example, (tuple, list)) else (example,)
+        names = ["input"] if len(example) == 1 else [f"input{i}" for i in range(len(example))]
+        call = None
+    else:
+        call = torch_call(module, example, where)
+        module, example, names = call.module, call.example, call.input_names
+    if input_shapes and len(input_shapes) == len(example) and not set(input_shapes) <= set(names):
+        names = list(input_shapes)  # positional: the shapes name the inputs
+        example = tuple(torch.zeros(shape, dtype=t.dtype) for shape, t in zip(input_shapes.values(), example))
+    elif input_shapes:
+        unknown = set(input_shapes) - set(names)
+        if unknown:
+            raise BadInputError(f"{path}: --input-shape names unknown input(s) {', '.join(sorted(unknown))}; "
+                                f"the model's inputs are {', '.join(names)}")
+        example = tuple(torch.zeros(input_shapes[n], dtype=t.dtype) if n in input_shapes else t
+                        for n, t in zip(names, example))
+    if input_shapes:
+        _check_runs(path, module, example)
     if not all(isinstance(t, torch.Tensor) for t in example):
         raise BadInputError(f"{path}: the example input must be a tensor or a tuple of tensors")
-    names = list(input_shapes) if len(input_shapes) == len(example) else (
-        ["input"] if len(example) == 1 else [f"input{i}" for i in range(len(example))]
-    )
-    if input_shapes and len(input_shapes) == len(example):
-        example = tuple(torch.zeros(shape, dtype=t.dtype) for shape, t in zip(input_shapes.values(), example))
-    specs = [TensorSpec(name, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in zip(names, example)]
-    return SourceModel("torch", path, specs, torch_module=module, example_input=example)
+    specs = [TensorSpec(name, tuple(t.shape), str(t.dtype).removeprefix("torch."),
+                        model_batch_axis([(d, None) for d in t.shape])) for name, t in zip(names, example)]
+    outputs = call.output_names if call else _output_names(module.module(), example)
+    return SourceModel("torch", path, specs, torch_module=module, example_input=example, output_names=outputs,
+                       **extra)
+
+
+def _with_batch_axes(path: Path, specs: list[TensorSpec], batch_axes: dict) -> list[TensorSpec]:
+    """``specs`` with the batch axes given by the user (by input name) in place of the model's."""
+    known = {spec.name for spec in specs}
+    unknown = set(batch_axes) - known
+    if unknown:
+        raise BadInputError(f"{path}: --batch-axis names unknown input(s) {', '.join(sorted(unknown))}; "
+                            f"the model's inputs are {', '.join(sorted(known))}")
+    resolved = []
+    for spec in specs:
+        axis = batch_axes.get(spec.name, spec.batch_axis if spec.shape else None)
+        check_batch_axis(str(path), spec.name, axis, len(spec.shape))
+        resolved.append(TensorSpec(spec.name, spec.shape, spec.dtype, axis))
+    return resolved
+
+
+def _check_runs(path: Path, module, example: tuple) -> None:
+    """Run the model once on inputs of the given shapes: a shape it cannot take is the user's to fix."""
+    import torch
+
+    runnable = module.module() if isinstance(module, torch.export.ExportedProgram) else module
+    try:
+        with torch.no_grad():
+            runnable(*example)
+    except Exception as exc:
+        shapes = ", ".join(format_shape(tuple(t.shape)) for t in example)
+        raise BadInputError(f"{path}: the model does not run on inputs of shape {shapes} "
+                            f"(check --input-shape: {first_line(exc, 160)})") from exc
 
 
 def _resolve_shapes(path: Path, specs: list[TensorSpec], input_shapes: dict) -> list[TensorSpec]:
@@ -240,13 +342,15 @@ def _resolve_shapes(path: Path, specs: list[TensorSpec], input_shapes: dict) -> 
     resolved = []
     for spec in specs:
         shape = input_shapes.get(spec.name, spec.shape)
+        if spec.name not in input_shapes and spec.batch_dim is not None and shape[spec.batch_dim] is None:
+            shape = tuple(1 if axis == spec.batch_dim else d for axis, d in enumerate(shape))
         if len(shape) != len(spec.shape) or any(m is not None and m != g for m, g in zip(spec.shape, shape)):
             raise BadInputError(f"{path}: input '{spec.name}' has shape {format_shape(spec.shape)}, "
                                 f"--input-shape gives {format_shape(tuple(shape))}")
         if any(d is None for d in shape):
             raise BadInputError(f"{path}: input '{spec.name}' has a dynamic shape {format_shape(spec.shape)}; "
                                 f"give it with --input-shape {spec.name}=D1,D2,...")
-        resolved.append(TensorSpec(spec.name, tuple(shape), spec.dtype))
+        resolved.append(TensorSpec(spec.name, tuple(shape), spec.dtype, spec.batch_axis))
     return resolved
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from edgeopt.errors import BadInputError, first_line
+from edgeopt.signals import is_user_interrupt
 
 
 def is_function_spec(text: str) -> bool:
@@ -28,6 +29,10 @@ def load_function(path: Path, name: str, what: str) -> Callable:
         spec.loader.exec_module(module)
     except Exception as exc:
         raise BadInputError(f"{path}: cannot import ({first_line(exc)})") from exc
+    except (SystemExit, KeyboardInterrupt) as exc:
+        if is_user_interrupt(exc):
+            raise
+        raise BadInputError(f"{path}: importing it raised {_exit_text(exc)}; edgeopt stopped") from exc
     function = getattr(module, name, None)
     if not callable(function):
         raise BadInputError(f"{path}: has no function '{name}'")
@@ -40,3 +45,13 @@ def call(path: Path, name: str, function: Callable):
         return function()
     except Exception as exc:
         raise BadInputError(f"{path}:{name} failed ({first_line(exc)})") from exc
+    except (SystemExit, KeyboardInterrupt) as exc:  # user code must not end (or fake the success of) the run
+        if is_user_interrupt(exc):
+            raise
+        raise BadInputError(f"{path}:{name} raised {_exit_text(exc)}; edgeopt stopped") from exc
+
+
+def _exit_text(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return f"SystemExit({exc.code!r}) (sys.exit)"
+    return "KeyboardInterrupt"

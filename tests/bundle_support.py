@@ -3,12 +3,18 @@ bundle, each built once per test session (cached under pytest's session temp fol
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
+import shutil
+import subprocess
+import sys
 import tarfile
+from importlib.metadata import version
 from pathlib import Path
 
-from conftest import DIGITS_CALIB, DIGITS_EVAL, DIGITS_MODEL
+import pytest
+from conftest import DIGITS_CALIB, DIGITS_EVAL, DIGITS_MODEL, ROOT
 
 # Budgets no healthy run misses on a loaded 2-core CI box: these tests check plumbing, not speed.
 LOOSE_TARGET = """\
@@ -39,6 +45,8 @@ max_p99_over_p50 = 10000
 input_shapes = {{ input = [1, 1, 8, 8] }}
 """
 FAST = ("--runs", "20", "--warmup", "2", "--min-seconds", "0")
+# What a device needs of edgeopt: copied alone onto a bare PYTHONPATH for the runtime-only venv.
+LEAN_FILES = ("__init__.py", "errors.py", "atomic.py", "jsonio.py", "signals.py", "out_guard.py", "device")
 
 
 def session_dir(tmp_path_factory) -> Path:
@@ -105,3 +113,36 @@ def entry(name: str, data: bytes = b"", kind: bytes = tarfile.REGTYPE, link: str
     info = tarfile.TarInfo(name)
     info.type, info.size, info.linkname = kind, len(data) if kind == tarfile.REGTYPE else 0, link
     return info, data
+
+
+def runtime_venv(runtime: str) -> Path:
+    """A venv with only numpy and ``runtime`` (same versions as here), cached under .cache/ and rebuilt when
+    missing or incomplete."""
+    pins = [f"numpy=={version('numpy')}", f"{runtime}=={version(runtime)}"]
+    tag = "-".join(p.replace("==", "") for p in pins)
+    venv = ROOT / ".cache" / f"device-venv-py{sys.version_info.major}{sys.version_info.minor}-{tag}"
+    venv.parent.mkdir(exist_ok=True)
+    with open(venv.parent / f"{venv.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one test session builds it, others wait and reuse it
+        if not (venv / ".complete").exists():
+            shutil.rmtree(venv, ignore_errors=True)
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+            pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
+                                  "--disable-pip-version-check", *pins], capture_output=True, text=True, timeout=600)
+            if pip.returncode != 0:
+                pytest.fail(f"pip install {' '.join(pins)} failed: {pip.stderr.strip()[-500:]}")
+            (venv / ".complete").write_text("\n".join(pins) + "\n")
+    return venv
+
+
+def lean_edgeopt(folder: Path) -> Path:
+    """``folder`` holding only what a device needs of edgeopt (``LEAN_FILES``), for a bare PYTHONPATH."""
+    lean = folder / "edgeopt"
+    lean.mkdir(parents=True)
+    for name in LEAN_FILES:
+        source = ROOT / "edgeopt" / name
+        if source.is_dir():
+            shutil.copytree(source, lean / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(source, lean / name)
+    return folder

@@ -74,13 +74,23 @@ def test_dynamic_onnx_needs_a_shape(cli, tmp_path, tiny_torch, tiny_calib):
     module, example = tiny_torch
     model = tmp_path / "dynamic.onnx"
     torch.onnx.export(module, (example,), str(model), dynamo=False, input_names=["input"],
-                      dynamic_axes={"input": {0: "batch"}})
+                      dynamic_axes={"input": {0: "batch", 3: "width"}})
     out = tmp_path / "out"
     assert_clean_failure(cli("compress", model, "--calib", tiny_calib, "--out", out), out,
                          mention="--input-shape input=")
     result = cli("compress", model, "--calib", tiny_calib, "--out", out, "--input-shape", "input=1,1,8,8", "--quiet")
     assert result.exit_code == 0, result.output
     assert (out / "model.xml").is_file()
+
+
+def test_dynamic_batch_alone_defaults_to_one(cli, tmp_path, tiny_torch, tiny_calib):
+    module, example = tiny_torch
+    model = tmp_path / "dynamic.onnx"
+    torch.onnx.export(module, (example,), str(model), dynamo=False, input_names=["input"],
+                      dynamic_axes={"input": {0: "batch"}})
+    out = tmp_path / "out"
+    result = cli("compress", model, "--calib", tiny_calib, "--out", out, "--quiet", "--format", "openvino")
+    assert result.exit_code == 0, result.output
 
 
 def test_onnx_from_ir_is_refused(cli, tmp_path, tiny_ir, tiny_calib):

@@ -92,6 +92,11 @@ def test_each_input_kind_compresses_to_int8(kind, cli, tmp_path, tiny_factory, t
     assert all(o.shape == (1, 10) for o in outputs.values())
     report = json.loads((out / "report.json").read_text())
     assert {a["precision"] for a in report["artifacts"]} == {"int8"}
+    # Provenance: the source's files by sha256 (IR: .xml and .bin), and for PyTorch the weights as loaded.
+    source = report["inputs"]["model"]
+    assert len(source["files"]) == (2 if kind == "ir" else 1) and all(len(v) == 64 for v in source["files"].values())
+    assert (source["weights_sha256"] is not None) == (kind in ("factory", "torchscript", "export"))
+    assert report["inputs"]["calibration"]["samples"] == 64 and report["inputs"]["evaluation"] is None
 
 
 @pytest.mark.parametrize("precision", ["fp16", "fp32"])

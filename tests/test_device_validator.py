@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
-from importlib.metadata import version
 from pathlib import Path
 
 import pytest
-from bundle_support import digits_bundle
+from bundle_support import digits_bundle, lean_edgeopt, runtime_venv
 from conftest import ROOT
 
 from edgeopt.bundle_writer import write_bundle
@@ -35,8 +32,6 @@ class _Block:
             raise ImportError("the lean validator must not import " + name)
 sys.meta_path.insert(0, _Block())
 """
-# What a device needs of edgeopt: copied alone onto a bare PYTHONPATH for the runtime-only venv.
-LEAN_FILES = ("__init__.py", "errors.py", "atomic.py", "device")
 
 
 @pytest.fixture(scope="module")
@@ -112,26 +107,6 @@ def test_bad_bundle_and_usage_exit_2(bundle, tmp_path):
     assert run_validator(sys.executable, "validate", bundle, "--runs", "0", env=env, cwd=tmp_path).returncode == 2
 
 
-def runtime_venv(runtime: str) -> Path:
-    """A venv with only numpy and ``runtime`` (same versions as here), cached under .cache/ and rebuilt when
-    missing or incomplete."""
-    pins = [f"numpy=={version('numpy')}", f"{runtime}=={version(runtime)}"]
-    tag = "-".join(p.replace("==", "") for p in pins)
-    venv = ROOT / ".cache" / f"device-venv-py{sys.version_info.major}{sys.version_info.minor}-{tag}"
-    venv.parent.mkdir(exist_ok=True)
-    with open(venv.parent / f"{venv.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one test session builds it, others wait and reuse it
-        if not (venv / ".complete").exists():
-            shutil.rmtree(venv, ignore_errors=True)
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-            pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
-                                  "--disable-pip-version-check", *pins], capture_output=True, text=True, timeout=600)
-            if pip.returncode != 0:
-                pytest.fail(f"pip install {' '.join(pins)} failed: {pip.stderr.strip()[-500:]}")
-            (venv / ".complete").write_text("\n".join(pins) + "\n")
-    return venv
-
-
 def megabytes(folder: Path) -> float:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file() and not f.is_symlink()) / 1e6
 
@@ -145,15 +120,8 @@ def test_validator_in_a_runtime_only_venv(runtime, tmp_path_factory, tmp_path, r
                               f"print([m for m in {HEAVY + ('edgeopt',)!r} if u.find_spec(m)])"],
                              capture_output=True, text=True, cwd=tmp_path, check=True)
     assert missing.stdout.strip() == "[]"  # nothing but numpy and the runtime: not even edgeopt itself
-    lean = tmp_path / "lean" / "edgeopt"
-    lean.mkdir(parents=True)
-    for name in LEAN_FILES:
-        source = ROOT / "edgeopt" / name
-        if source.is_dir():
-            shutil.copytree(source, lean / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy(source, lean / name)
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(tmp_path / "lean"), "HOME": str(tmp_path)}
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(lean_edgeopt(tmp_path / "lean")),
+           "HOME": str(tmp_path)}
     start = time.perf_counter()
     result = run_validator(python, "validate", bundle, *FAST, "--json", tmp_path / "r.json", "--junit",
                            tmp_path / "r.xml", env=env, cwd=tmp_path)

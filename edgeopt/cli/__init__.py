@@ -5,8 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import tempfile
-import traceback
 import warnings
 
 import click
@@ -14,28 +12,38 @@ import click
 from edgeopt import __version__
 from edgeopt.errors import EdgeoptError, first_line
 
-LOG_PATH = os.path.join(tempfile.gettempdir(), "edgeopt-last-error.log")
-
 
 class _Group(click.Group):
-    """Turns exceptions into messages: typed errors keep their exit code, anything else is a bug (exit 1)."""
+    """Turns exceptions into messages: typed errors keep their exit code, anything else is a bug (exit 1).
+    SIGINT, SIGTERM and SIGHUP interrupt a run alike (``edgeopt.signals``): cleanup runs, exit 128 + signal."""
 
     def invoke(self, ctx: click.Context):
+        from edgeopt import signals
+
         try:
-            return super().invoke(ctx)
+            with signals.handled():
+                return super().invoke(ctx)
         except EdgeoptError as exc:
             click.echo(f"edgeopt: {exc}", err=True)
             sys.exit(exc.exit_code)
+        except click.UsageError as exc:  # a bad option value: one line too, like any bad input
+            where = exc.ctx.command_path if exc.ctx else "edgeopt"
+            click.echo(f"edgeopt: {exc.format_message()} (see '{where} --help')", err=True)
+            sys.exit(exc.exit_code)
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
             raise
+        except signals.Terminated as exc:
+            click.echo(f"edgeopt: interrupted ({exc.name}); no output was written, temporary files removed", err=True)
+            sys.exit(exc.exit_code)
         except KeyboardInterrupt:
             click.echo("edgeopt: interrupted; no output was written", err=True)
             sys.exit(130)
-        except Exception as exc:  # a bug: short message, full traceback in the log
-            with open(LOG_PATH, "w", encoding="utf-8") as log:
-                traceback.print_exc(file=log)
-            click.echo(f"edgeopt: internal error: {type(exc).__name__}: {first_line(exc)} (traceback in {LOG_PATH})",
-                       err=True)
+        except Exception as exc:  # a bug: short message, full traceback in a private log
+            from edgeopt.error_log import write_traceback
+
+            log = write_traceback(exc)
+            where = f"traceback in {log}" if log else "no traceback could be saved"
+            click.echo(f"edgeopt: internal error: {type(exc).__name__}: {first_line(exc)} ({where})", err=True)
             sys.exit(1)
 
 
@@ -72,12 +80,16 @@ class _LevelFloor(logging.Filter):
 
 def _register() -> None:
     from edgeopt.cli import compress
+    from edgeopt.cli import devices as devices_cli
+    from edgeopt.cli import keys as keys_cli
     from edgeopt.cli import optimize as optimize_cli
     from edgeopt.cli import package as package_cli
     from edgeopt.cli import targets as targets_cli
     from edgeopt.cli import validate
 
     main.add_command(compress.compress)
+    main.add_command(devices_cli.devices)
+    main.add_command(keys_cli.keys)
     main.add_command(optimize_cli.optimize)
     main.add_command(package_cli.package)
     main.add_command(package_cli.verify)

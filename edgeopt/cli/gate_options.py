@@ -15,6 +15,9 @@ _OPTIONS = (
     click.option("--max-perplexity-ratio", default=1.1, show_default=True, type=click.FloatRange(min=1),
                  help="Quality gate for a language model: largest allowed perplexity, as a multiple of the "
                       "original's."),
+    click.option("--outputs", "gate_outputs", default=None,
+                 help="Comma-separated names of the outputs the quality gate looks at (default: every output; "
+                      "the worst one decides). Every output is measured and reported either way."),
 )
 
 
@@ -25,8 +28,10 @@ def gate_options(command):
     return command
 
 
-def quality_gate(max_drop: float, min_cosine: float, min_token_agreement: float, max_perplexity_ratio: float):
+def quality_gate(max_drop: float, min_cosine: float, min_token_agreement: float, max_perplexity_ratio: float,
+                 outputs: str | None = None):
     from edgeopt.evaluate import QualityGate
 
+    names = tuple(dict.fromkeys(n.strip() for n in (outputs or "").split(",") if n.strip()))
     return QualityGate(max_drop=max_drop / 100.0, min_cosine=min_cosine, min_token_agreement=min_token_agreement,
-                       max_perplexity_ratio=max_perplexity_ratio)
+                       max_perplexity_ratio=max_perplexity_ratio, outputs=names)

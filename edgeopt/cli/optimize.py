@@ -6,8 +6,11 @@ from pathlib import Path
 
 import click
 
+from edgeopt import jsonio
 from edgeopt.cli.gate_options import gate_options, quality_gate
+from edgeopt.cli.out_options import force_option, guard_outputs
 from edgeopt.errors import BudgetError, QualityGateError
+from edgeopt.out_guard import input_bytes
 from edgeopt.targets import OBJECTIVES
 
 
@@ -31,17 +34,24 @@ from edgeopt.targets import OBJECTIVES
 @click.option("--min-seconds", default=2.0, show_default=True, type=click.FloatRange(min=0),
               help="Keep timing each candidate at least this long.")
 @click.option("--input-shape", "input_shapes", multiple=True, help="NAME=D1,D2,... for dynamic inputs.")
+@click.option("--device", "device_specs", multiple=True,
+              help="Measure every candidate on this device over SSH (devices.toml name or ssh://user@host:port); "
+                   "repeat for a pool of devices of the profile, measuring in parallel.")
+@click.option("--require-device", is_flag=True,
+              help="Exit 5 unless the choice rests on device figures (no emulated verdicts).")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--json", "json_out", default=None, help="Write the report as JSON to this file ('-' for stdout).")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
+@force_option
 def optimize(model, target, calibration, eval_data, out, max_drop, min_cosine, min_token_agreement,
-             max_perplexity_ratio, objective, plan, cache_dir, runs, warmup, min_seconds, input_shapes, seed, json_out,
-             quiet):
+             max_perplexity_ratio, objective, plan, cache_dir, runs, warmup, min_seconds, input_shapes, device_specs,
+             require_device, seed, json_out, quiet, force, gate_outputs):
     """Find the best artifact of MODEL for a device: measure the baseline, then try the plan's stages in order
     (FP16/INT8, accuracy-controlled INT8, weight compression, pruning + distillation) until one meets every
     budget of the profile and the quality gate.
 
-    Exit 0 when one is found, 3 when nothing keeps quality, 4 when nothing meets the budgets, 2 on bad input.
+    Exit 0 when one is found, 3 when nothing keeps quality, 4 when nothing meets the budgets, 2 on bad input,
+    5 when the devices give no figures (or --require-device and only emulated ones).
     """
     from edgeopt.api import optimize as run_optimize
     from edgeopt.cli.streams import library_output
@@ -49,16 +59,36 @@ def optimize(model, target, calibration, eval_data, out, max_drop, min_cosine, m
     from edgeopt.reporting.console import SearchProgress, emit, print_optimize_result
     from edgeopt.source import parse_input_shapes
     from edgeopt.targets import Measuring, load_target
+    from edgeopt.cli.streams import warn
+    from edgeopt.device.host import host_info
 
+    guard_outputs(out, force, needs_bytes=3 * input_bytes(model), json_out=json_out)
     profile = load_target(target)
-    gate = quality_gate(max_drop, min_cosine, min_token_agreement, max_perplexity_ratio)
+    gate = quality_gate(max_drop, min_cosine, min_token_agreement, max_perplexity_ratio, gate_outputs)
+    pool = None
+    if device_specs:
+        from edgeopt.optimize.cache import Cache, default_cache_dir
+        from edgeopt.remote.pool import DevicePool
+
+        pool = DevicePool(list(device_specs), profile, Cache(cache_dir or default_cache_dir(), warn=warn))
+    elif require_device and not profile.is_host(host_info()):
+        from edgeopt.errors import DeviceError
+
+        raise DeviceError(f"--require-device: this host is not a {profile.name} and no --device was given, so every "
+                          f"timing figure would be emulated")
     with SearchProgress(quiet) as progress, library_output(True):
         result = run_optimize(model, calibration, eval_data, target=profile, out=out, gate=gate, objective=objective,
                               plan=plan, cache_dir=cache_dir, measuring=Measuring(runs, warmup, min_seconds),
-                              input_shapes=parse_input_shapes(input_shapes), seed=seed, progress=progress.event)
-    report = result.describe()
+                              input_shapes=parse_input_shapes(input_shapes), seed=seed, progress=progress.event,
+                              pool=pool, warn=warn)
+    report = result.describe() | ({"devices": pool.describe()} if pool else {})
     emit(report, lambda: print_optimize_result(report, Path(out)), json_out, quiet)
     where = f"report: {Path(out) / 'report.md'}"
+    unmeasured = [c.label for c in result.candidates if (c.skipped or "").startswith("unmeasured")]
+    if unmeasured and not result.chosen:
+        from edgeopt.errors import DeviceError
+
+        raise DeviceError(f"no candidate chosen and {', '.join(unmeasured)} unmeasured: the device was lost; {where}")
     if result.verdict == "budgets":
         closest = result.closest
         raise BudgetError(f"no candidate meets every budget of {profile.name}; closest: {closest.label} "

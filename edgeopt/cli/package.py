@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import click
 
+from edgeopt import jsonio
+from edgeopt.cli.out_options import force_option, guard_outputs
+from edgeopt.out_guard import input_bytes
+
 
 @click.command()
 @click.argument("artifact")
@@ -22,10 +26,14 @@ import click
               help="Without --report: timed inferences for validation (at least).")
 @click.option("--warmup", default=20, show_default=True, type=click.IntRange(min=1))
 @click.option("--min-seconds", default=2.0, show_default=True, type=click.FloatRange(min=0))
+@click.option("--sign", "sign", default=None, metavar="KEY",
+              help="Sign the manifest with this Ed25519 private key (a file from `edgeopt keys generate`, or "
+              "env:NAME for a PEM in an environment variable).")
 @click.option("--json", "json_out", default=None, help="Write the result (with the manifest) as JSON ('-': stdout).")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
+@force_option
 def package(artifact, target, out, formats, report, build_id, preprocess, input_shapes, runs, warmup, min_seconds,
-            json_out, quiet):
+            sign, json_out, quiet, force):
     """Validate ARTIFACT (.xml, .onnx or an `edgeopt compress` folder) on a target and write a device bundle.
 
     Exit 0 ok, 2 bad input, 3 the artifact failed its quality gate, 4 a device budget failed (nothing written).
@@ -36,20 +44,37 @@ def package(artifact, target, out, formats, report, build_id, preprocess, input_
     from edgeopt.reporting.console import emit
     from edgeopt.source import parse_input_shapes
 
+    guard_outputs(None, force, json_out=json_out, bundle=out, needs_bytes=2 * input_bytes(artifact))
     result = run_package(artifact, target, out, formats=parse_formats(formats) if formats else None, report=report,
                          build_id=build_id, preprocess=preprocess, input_shapes=parse_input_shapes(input_shapes),
-                         measuring=Measuring(runs, warmup, min_seconds))
+                         measuring=Measuring(runs, warmup, min_seconds), sign=sign)
     emit(result.describe(), f"{result.path}: {result.bytes} bytes, sha256 {result.sha256}", json_out, quiet)
 
 
 @click.command()
 @click.argument("bundle", type=click.Path(dir_okay=False))
+@click.option("--trust", multiple=True, type=click.Path(), metavar="PUBKEY",
+              help="Accept only a bundle signed by one of these Ed25519 public keys (PEM files, or folders of "
+              "*.pem/*.pub); repeatable.")
+@click.option("--show", is_flag=True, help="Also print the provenance: source model, data, recipe, tools, profile.")
 @click.option("--json", "json_out", default=None, help="Write the result (with the manifest) as JSON ('-': stdout).")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
-def verify(bundle, json_out, quiet):
-    """Check BUNDLE: manifest schema, size and sha256 of every file, safe paths. Exit 0 ok, 2 otherwise."""
+@click.option("--max-extract-mb", type=click.FloatRange(min=0), default=None,
+              help="Largest total size of the bundle's files (default: 100x the bundle's size, at least 64 MiB, "
+                   "at most 16 GiB).")
+def verify(bundle, trust, show, json_out, quiet, max_extract_mb):
+    """Check BUNDLE: manifest schema, size and sha256 of every file, safe paths, and with --trust its signature.
+
+    Exit 0 ok, 2 otherwise (unsigned with --trust, unknown key, bad signature, changed after signing, corrupt).
+    """
     from edgeopt.device.bundle_reader import describe, open_bundle, summary
+    from edgeopt.device.signature import load_trust
+    from edgeopt.provenance import show as show_provenance
     from edgeopt.reporting.console import emit
 
-    checked = open_bundle(bundle)
-    emit(describe(checked), summary(checked), json_out, quiet)
+    guard_outputs(None, False, json_out=json_out)
+    checked = open_bundle(bundle, max_bytes=None if max_extract_mb is None else int(max_extract_mb * 1e6),
+                          trust=load_trust(trust) if trust else None)
+    lines = [summary(checked), *(show_provenance(checked.manifest) if show else [])]
+    emit(describe(checked), "\n".join(lines), json_out, quiet)
+

@@ -1,4 +1,5 @@
-"""Keep stdout for results: libraries' progress bars and logs go to stderr (or nowhere with --quiet)."""
+"""Keep stdout for results and stderr for one error line: libraries' progress bars and logs go to stderr only
+when it is a terminal (and not --quiet); otherwise nowhere. ``warn`` still reaches the user's stderr."""
 
 from __future__ import annotations
 
@@ -6,13 +7,34 @@ import contextlib
 import os
 import sys
 
+import click
+
+_user_stderr: list = []  # the stderr the user sees, while library output is redirected
+
 
 @contextlib.contextmanager
 def library_output(quiet: bool):
-    """Within the block, anything printed to stdout (NNCF's progress bars, say) goes to stderr, or is dropped."""
-    if quiet:
-        with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-            yield
-    else:
-        with contextlib.redirect_stdout(sys.stderr):
-            yield
+    """Within the block, anything printed to stdout (NNCF's progress bars, say) goes to stderr when that is a
+    terminal; it is dropped with ``quiet`` or when stderr is a file or pipe (a log, a CI job)."""
+    _user_stderr.append(sys.stderr)
+    try:
+        if quiet or not _isatty(sys.stderr):
+            with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+                yield
+        else:
+            with contextlib.redirect_stdout(sys.stderr):
+                yield
+    finally:
+        _user_stderr.pop()
+
+
+def warn(message: str) -> None:
+    """One ``edgeopt: warning: ...`` line on the user's stderr, even inside ``library_output``."""
+    click.echo(f"edgeopt: warning: {message}", file=_user_stderr[0] if _user_stderr else sys.stderr)
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False

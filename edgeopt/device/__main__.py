@@ -4,8 +4,12 @@ Checks the bundle, extracts it to a temporary folder, measures its model with th
 in a separate process (latency distribution, peak RSS), checks the bundled budgets and writes JSON / JUnit.
 Needs numpy and the one runtime the manifest names; no torch, nncf, click or rich. Plain text, no prompts.
 
-Exit codes: 0 ok, 1 internal error, 2 bad input (missing, tampered or truncated bundle, missing runtime),
-4 a device budget failed.
+With ``--trust PUBKEY`` (repeatable: PEM files or folders of them) a bundle must be signed by one of those
+keys; the signature is checked (with ``cryptography``, else the ``openssl`` command) before anything is
+extracted, and the check is refused, not skipped, when neither is there.
+
+Exit codes: 0 ok, 1 internal error, 2 bad input (missing, tampered or truncated bundle, unsigned or not signed
+by a trusted key, missing runtime), 4 a device budget failed.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import sys
 import tempfile
 from dataclasses import replace
 
+from edgeopt import jsonio
 from edgeopt.errors import BadInputError, BudgetError, EdgeoptError, first_line
 
 PROG = "edgeopt-device"
@@ -23,12 +28,18 @@ RUNTIME_PACKAGES = {"openvino": "openvino", "onnxruntime": "onnxruntime"}
 
 
 def main(argv: list[str] | None = None) -> int:
+    from edgeopt import signals
+
     args = _parser().parse_args(argv)
     try:
-        args.run(args)
+        with signals.handled():
+            args.run(args)
         return 0
     except EdgeoptError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except signals.Terminated as exc:
+        print(f"{PROG}: interrupted ({exc.name}); temporary files removed", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
@@ -50,13 +61,33 @@ def _parser() -> argparse.ArgumentParser:
     validate.add_argument("--json", dest="json_out", help="write the report as JSON to this file ('-': stdout)")
     validate.add_argument("--junit", dest="junit_out", help="write a JUnit XML report, one test case per budget")
     validate.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    validate.add_argument("--lock", help="hold this device lock (flock on LOCK.0 ... LOCK.N-1) while measuring")
+    validate.add_argument("--slots", type=_positive, default=1, help="measurements at once on this device (default 1)")
+    validate.add_argument("--lock-timeout", type=float, default=3600.0,
+                          help="seconds to wait for a free lock slot (default 3600)")
+    validate.add_argument("--exit-on-stdin-eof", action="store_true",
+                          help="stop when stdin closes (run over SSH: a dropped connection ends the measurement)")
+    validate.add_argument("--max-extract-mb", type=float, default=None, help=_MAX_EXTRACT_HELP)
     validate.set_defaults(run=_validate)
-    verify = commands.add_parser("verify", help="check checksums and manifest only")
+    verify = commands.add_parser("verify", help="check checksums, manifest and signature only")
     verify.add_argument("bundle")
+    for command in (validate, verify):
+        command.add_argument("--trust", action="append", metavar="PUBKEY",
+                             help="accept only a bundle signed by this Ed25519 public key (PEM file, or a folder of "
+                                  "*.pem/*.pub); repeatable")
     verify.add_argument("--json", dest="json_out", help="write the result as JSON to this file ('-': stdout)")
     verify.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    verify.add_argument("--max-extract-mb", type=float, default=None, help=_MAX_EXTRACT_HELP)
     verify.set_defaults(run=_verify)
     return parser
+
+
+_MAX_EXTRACT_HELP = ("largest total size of the bundle's files in MB (default: 100x the bundle's size, at least "
+                     "64 MiB, at most 16 GiB)")
+
+
+def _max_bytes(args) -> int | None:
+    return None if args.max_extract_mb is None else int(args.max_extract_mb * 1e6)
 
 
 def _positive(text: str) -> int:
@@ -67,29 +98,50 @@ def _positive(text: str) -> int:
 
 
 def _verify(args) -> None:
-    import json
-
     from edgeopt.atomic import write_text
     from edgeopt.device.bundle_reader import describe, open_bundle, summary
 
-    bundle = open_bundle(args.bundle)
+    guard_reports(args)
+    bundle = open_bundle(args.bundle, max_bytes=_max_bytes(args), trust=_trust(args))
     if args.json_out == "-":
-        print(json.dumps(describe(bundle), indent=2))
+        print(jsonio.dumps(describe(bundle), indent=2))
     elif args.json_out:
-        write_text(args.json_out, json.dumps(describe(bundle), indent=2) + "\n")
+        write_text(args.json_out, jsonio.dumps(describe(bundle), indent=2) + "\n")
     if not args.quiet and args.json_out != "-":
         print(summary(bundle))
 
 
-def _validate(args) -> None:
-    from edgeopt.device.bundle_reader import open_bundle
-    from edgeopt.device.reports import write_json, write_junit
+def _trust(args):
+    from edgeopt.device.signature import load_trust
 
+    return load_trust(args.trust) if args.trust else None
+
+
+def _validate(args) -> None:
+    import json
+    import time
+
+    from edgeopt.atomic import write_text
+    from edgeopt.device.bundle_reader import open_bundle
+    from edgeopt.device.reports import write_junit
+    from edgeopt.device.session import exit_when_stdin_closes, take_device_lock
+
+    guard_reports(args)
+    if args.exit_on_stdin_eof:
+        exit_when_stdin_closes()
     with tempfile.TemporaryDirectory(prefix="edgeopt-bundle-") as tmp:
-        bundle = open_bundle(args.bundle, extract_to=tmp)
+        bundle = open_bundle(args.bundle, extract_to=tmp, max_bytes=_max_bytes(args), trust=_trust(args))
+        lock, waited = take_device_lock(args.lock, args.slots, args.lock_timeout) if args.lock else (None, 0.0)
+        started = time.time()
         report = validate_bundle(bundle, args.runs, args.warmup, args.min_seconds)
+        session = {"lock": lock, "lock_wait_s": round(waited, 3), "started_unix": started, "ended_unix": time.time()}
     if args.json_out:
-        write_json(report, args.json_out)
+        data = device_result(report, bundle, session)
+        text = json.dumps(data, indent=2, allow_nan=False)
+        if args.json_out == "-":
+            print(text)
+        else:
+            write_text(args.json_out, text + "\n")
     if args.junit_out:
         write_junit(report, args.junit_out)
     if not args.quiet and args.json_out != "-":
@@ -97,6 +149,28 @@ def _validate(args) -> None:
     failed = [c.name for c in report.checks if not c.passed]
     if failed:
         raise BudgetError(f"device budget failed: {', '.join(failed)} (target {report.target})")
+
+
+RESULT_SCHEMA = "edgeopt-device-result/1"
+
+
+def device_result(report, bundle, session: dict) -> dict:
+    """The validation report as the device writes it: with the bundle's sha256 (so a result cannot be
+    attached to another artifact) and when and under which lock it was measured."""
+    manifest = bundle.manifest
+    return {"schema_version": RESULT_SCHEMA, **report.to_dict(),
+            "bundle": {"file": bundle.path.name, "sha256": bundle.sha256, "build_id": manifest["build_id"],
+                       "model": manifest["model"], "target": manifest["target"]["name"]},
+            "session": session, "timings_ms": list(report.timings_ms)}
+
+
+def guard_reports(args) -> None:
+    """Refuse, before any work, report paths that are folders or files edgeopt did not write."""
+    from edgeopt.out_guard import check_out_file, is_own_report
+
+    for option, path in (("--json", args.json_out), ("--junit", getattr(args, "junit_out", None))):
+        if path and path != "-":
+            check_out_file(path, option=option, own=is_own_report)
 
 
 def validate_bundle(bundle, runs: int, warmup: int, min_seconds: float):

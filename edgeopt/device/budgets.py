@@ -5,6 +5,7 @@ Lean module: standard library only, so a bundle manifest can carry budgets as JS
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 
@@ -36,7 +37,7 @@ class Budgets:
 
     @classmethod
     def from_dict(cls, data: Mapping, source: str = "budgets") -> "Budgets":
-        """Build from a mapping of budget names to positive numbers; unknown keys and bad values are errors."""
+        """Build from a mapping of budget names to positive finite numbers; unknown keys and bad values are errors."""
         unknown = sorted(set(data) - set(BUDGET_FIELDS))
         if unknown:
             raise BadInputError(f"{source}: unknown budget key(s) {', '.join(unknown)} "
@@ -45,7 +46,7 @@ class Budgets:
         for key, value in data.items():
             if value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise BadInputError(f"{source}: budget '{key}' must be a positive number, got {value!r}")
             values[key] = float(value)
         return cls(**values)
@@ -67,6 +68,18 @@ class BudgetCheck:
     unit: str
     passed: bool
     margin: float | None
+    status: str = "measured"  # or "emulated" (figure from another machine), "unreliable" (noisy host)
+    reason: str | None = None  # why emulated / unreliable
+
+    @property
+    def verdict(self) -> str:
+        """PASS / FAIL for a figure of the device itself (or of the artifact); an emulated figure is never a
+        PASS: EMULATED when within budget, FAIL (emulated) when not; UNRELIABLE for spread on a busy host."""
+        if self.status == "emulated":
+            return "EMULATED" if self.passed else "FAIL (emulated)"
+        if self.status == "unreliable":
+            return "UNRELIABLE"
+        return "PASS" if self.passed else "FAIL"
 
     @property
     def margin_pct(self) -> float | None:
@@ -77,7 +90,12 @@ class BudgetCheck:
         return BUDGET_FIELDS[self.name][2]
 
     def describe(self) -> dict:
-        return asdict(self) | {"margin_pct": self.margin_pct, "description": self.description}
+        return asdict(self) | {"margin_pct": self.margin_pct, "description": self.description,
+                               "verdict": self.verdict}
+
+
+LATENCY_BUDGETS = ("p50_ms", "p95_ms", "p99_ms", "max_cv", "max_p99_over_p50")  # timing: only the device's count
+SPREAD_BUDGETS = ("max_cv", "max_p99_over_p50")
 
 
 def check_budgets(budgets: Budgets, measurement: Mapping[str, float | None]) -> list[BudgetCheck]:

@@ -1,29 +1,37 @@
 """Read and check a device bundle (``.tar.gz``): manifest schema, sha256 of every file, safe extraction.
 
 Format (written by ``edgeopt.bundle_writer``): a gzip-compressed ustar archive of regular files only, the first
-entry ``manifest.json``; the manifest lists every other file with its size and sha256. The reader refuses
-absolute paths, ``..``, links, devices, duplicate names and files the manifest does not list, and checks
-the gzip trailer, so a truncated or tampered bundle fails with one clear message.
+entry ``manifest.json``, then, in a signed bundle, ``signature.json`` (see ``edgeopt.device.signature``); the
+manifest lists every other file with its size and sha256. The reader refuses absolute paths, ``..``, links,
+devices, duplicate names, files the manifest does not list, a declared total size over the extraction limit,
+and anything after the one gzip member; it checks the gzip trailer, so a truncated or tampered bundle fails
+with one clear message. Given a trust list, it checks the signature before it extracts any file.
 
 Lean module: standard library only.
 """
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
+import os
 import posixpath
 import tarfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from edgeopt.device.gzip_member import SingleGzip
+from edgeopt.device.signature import MAX_SIGNATURE_BYTES, SIGNATURE, PublicKey, SignatureCheck
+from edgeopt.device.signature import check as check_signature
 from edgeopt.errors import BadInputError, first_line
 
-SCHEMA = "edgeopt-bundle/1"
+SCHEMA = "edgeopt-bundle/2"  # /2 adds provenance; /1 bundles are still read
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 4 << 20
+MAX_EXTRACT_BYTES = 16 << 30  # hard ceiling on a bundle's extracted size, unless the caller gives a limit
+MAX_RATIO = 100  # extracted / compressed: model weights compress ~1-4x; 100x is a decompression bomb
+MIN_LIMIT_BYTES = 64 << 20  # the ratio limit never goes below this
 _CHUNK = 1 << 20
 
 # Manifest schema as data: key -> expected type(s), or a nested dict for an object. Every key is required;
@@ -46,7 +54,12 @@ MANIFEST_SCHEMA: dict = {
     "validation": {"passed": (bool,), "measured": (dict,), "checks": (list,), "measured_with": (str,),
                    "emulated": (bool,), "report": (str,)},
     "files": (dict,),
+    "provenance": {"source_model": (dict, None), "data": (dict,), "recipe": (list, None),
+                   "tools": {"compress": (dict, None), "package": (dict,)},
+                   "target": {"name": (str,), "sha256": (str,)}, "statement": (str,)},
 }
+SCHEMAS = {SCHEMA: MANIFEST_SCHEMA,
+           "edgeopt-bundle/1": {k: v for k, v in MANIFEST_SCHEMA.items() if k != "provenance"}}
 
 
 @dataclass(frozen=True)
@@ -57,6 +70,7 @@ class Bundle:
     manifest: dict
     sha256: str  # of the whole .tar.gz
     root: Path | None = None
+    signature: SignatureCheck = SignatureCheck(None)
 
     @property
     def model_path(self) -> Path:
@@ -72,14 +86,15 @@ def canonical_json(data) -> bytes:
 
 def check_manifest(manifest, source: str = MANIFEST) -> None:
     """Raise ``BadInputError`` naming the first key that does not fit ``MANIFEST_SCHEMA`` or the file list."""
-    _check(manifest, MANIFEST_SCHEMA, source)
-    if manifest["schema"] != SCHEMA:
-        raise BadInputError(f"{source}: schema '{manifest['schema']}' is not supported (expected '{SCHEMA}')")
+    version = manifest.get("schema") if isinstance(manifest, dict) else None
+    if version not in SCHEMAS:
+        raise BadInputError(f"{source}: schema '{version}' is not supported (expected one of {', '.join(SCHEMAS)})")
+    _check(manifest, SCHEMAS[version], source)
     files = manifest["files"]
     for name, entry in files.items():
         check_member_name(name, source)
-        if name == MANIFEST:
-            raise BadInputError(f"{source}: files: must not list {MANIFEST} itself")
+        if name in (MANIFEST, SIGNATURE):
+            raise BadInputError(f"{source}: files: must not list {name}")
         _check(entry, {"bytes": (int,), "sha256": (str,)}, source, f"files.{name}")
         if entry["bytes"] < 0 or len(entry["sha256"]) != 64 or any(c not in "0123456789abcdef" for c in entry["sha256"]):
             raise BadInputError(f"{source}: files.{name}: needs bytes >= 0 and a 64-digit lowercase hex sha256")
@@ -91,6 +106,8 @@ def check_manifest(manifest, source: str = MANIFEST) -> None:
         raise BadInputError(f"{source}: model '{manifest['model']}' is not one of models[].path")
     if manifest["validation"]["report"] not in files:
         raise BadInputError(f"{source}: validation.report '{manifest['validation']['report']}' is not in files")
+    if "provenance" in manifest and manifest["provenance"]["statement"] not in files:
+        raise BadInputError(f"{source}: provenance.statement '{manifest['provenance']['statement']}' is not in files")
 
 
 def check_member_name(name: str, source: str) -> None:
@@ -100,10 +117,14 @@ def check_member_name(name: str, source: str) -> None:
         raise BadInputError(f"{source}: unsafe path '{name}' (absolute, '..', or not canonical); refused")
 
 
-def open_bundle(path: str | Path, extract_to: str | Path | None = None) -> Bundle:
-    """Check ``path`` completely (gzip integrity, entry types and names, manifest schema, sizes and sha256 of
-    every file); with ``extract_to`` (an empty or missing folder), also write the files there (on failure it
-    may hold some of them: extract into a temporary folder)."""
+def open_bundle(path: str | Path, extract_to: str | Path | None = None, max_bytes: int | None = None,
+                trust: tuple[PublicKey, ...] | None = None) -> Bundle:
+    """Check ``path`` completely (gzip integrity, nothing after the archive, entry types and names, manifest
+    schema, sizes and sha256 of every file); with ``extract_to`` (an empty or missing folder), also write the
+    files there (on failure it may hold some of them: extract into a temporary folder). The files' total size
+    the manifest declares may not exceed ``max_bytes`` (see ``extract_limit``); no file is read past its
+    declared size. With ``trust``, the bundle must be signed by one of those keys; the signature is checked
+    before the manifest is parsed or any other file read."""
     path = Path(path)
     if not path.is_file():
         raise BadInputError(f"{path}: no such bundle")
@@ -117,20 +138,39 @@ def open_bundle(path: str | Path, extract_to: str | Path | None = None) -> Bundl
         raw = open(path, "rb")
     except OSError as exc:
         raise BadInputError(f"{path}: cannot read ({first_line(exc)})") from exc
+    limit = extract_limit(path, max_bytes)
     try:
-        with raw, gzip.GzipFile(fileobj=_Hashing(raw, outer), mode="rb") as gz:
-            manifest = _read_members(path, gz, root)
-            while gz.read(_CHUNK):  # read to the gzip trailer: checks its CRC and length
-                pass
+        with raw:
+            gz = SingleGzip(_Hashing(raw, outer), str(path))
+            manifest, signature = _read_members(path, gz, root, limit, trust)
+            gz.finish()  # tar padding, the gzip trailer's CRC and length, and nothing after it
     except BadInputError:
         raise
-    except (EOFError, tarfile.TarError, gzip.BadGzipFile, zlib.error, OSError) as exc:
+    except (EOFError, tarfile.TarError, zlib.error, OSError) as exc:
         raise BadInputError(f"{path}: truncated or corrupt bundle ({first_line(exc)})") from exc
-    return Bundle(path, manifest, outer.hexdigest(), root)
+    return Bundle(path, manifest, outer.hexdigest(), root, signature)
 
 
-def _read_members(path: Path, gz, root: Path | None) -> dict:
-    manifest, seen = None, set()
+def extract_limit(path: Path, max_bytes: int | None = None) -> tuple[int, str]:
+    """The most bytes a bundle may hold once extracted, and why: ``max_bytes`` when given (or
+    ``$EDGEOPT_BUNDLE_MAX_MB``), else ``MAX_RATIO`` times the bundle's size, within ``MAX_EXTRACT_BYTES``."""
+    if max_bytes is None and os.environ.get("EDGEOPT_BUNDLE_MAX_MB"):
+        try:
+            max_bytes = int(float(os.environ["EDGEOPT_BUNDLE_MAX_MB"]) * 1_000_000)
+        except ValueError:
+            raise BadInputError(f"EDGEOPT_BUNDLE_MAX_MB must be a number, got "
+                                f"{os.environ['EDGEOPT_BUNDLE_MAX_MB']!r}") from None
+    if max_bytes is not None:
+        return max_bytes, "the limit given"
+    by_ratio = max(MAX_RATIO * path.stat().st_size, MIN_LIMIT_BYTES)
+    if by_ratio < MAX_EXTRACT_BYTES:
+        return by_ratio, f"{MAX_RATIO}x the bundle's size, a compression ratio no model reaches"
+    return MAX_EXTRACT_BYTES, "the ceiling"
+
+
+def _read_members(path: Path, gz, root: Path | None, limit: tuple[int, str],
+                  trust) -> tuple[dict, SignatureCheck]:
+    text, manifest, signature, seen = None, None, None, set()
     with tarfile.open(fileobj=gz, mode="r|") as tar:
         for member in tar:
             name = member.name
@@ -143,9 +183,15 @@ def _read_members(path: Path, gz, root: Path | None) -> dict:
             if not member.isreg():
                 kind = "link" if member.issym() or member.islnk() else "special file"
                 raise BadInputError(f"{path}: '{name}' is a {kind}; bundles hold regular files only, refused")
-            if manifest is None:
-                manifest = _first_member(path, tar, member)
+            if text is None:
+                text = _manifest_bytes(path, tar, member)
                 continue
+            if manifest is None:  # the entry after the manifest: a signature is checked before the manifest is read
+                signed = name == SIGNATURE
+                signature = check_signature(text, _small(path, tar, member) if signed else None, trust, str(path))
+                manifest = _parse_manifest(path, text, limit)
+                if signed:
+                    continue
             entry = manifest["files"].get(name)
             if entry is None:
                 raise BadInputError(f"{path}: '{name}' is not listed in {MANIFEST}; refused")
@@ -155,25 +201,43 @@ def _read_members(path: Path, gz, root: Path | None) -> dict:
             digest = _copy(tar.extractfile(member), root / name if root else None)
             if digest != entry["sha256"]:
                 raise BadInputError(f"{path}: '{name}' fails its sha256 check (tampered or corrupt)")
-    if manifest is None:
+    if text is None:
         raise BadInputError(f"{path}: empty archive, no {MANIFEST}")
+    if manifest is None:
+        signature = check_signature(text, None, trust, str(path))
+        manifest = _parse_manifest(path, text, limit)
     missing = sorted(set(manifest["files"]) - seen)
     if missing:
         raise BadInputError(f"{path}: missing file(s) listed in the manifest: {', '.join(missing)}")
-    return manifest
+    return manifest, signature
 
 
-def _first_member(path: Path, tar: tarfile.TarFile, member: tarfile.TarInfo) -> dict:
+def _manifest_bytes(path: Path, tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
     if member.name != MANIFEST:
         raise BadInputError(f"{path}: the first entry must be {MANIFEST}, found '{member.name}'")
     if member.size > MAX_MANIFEST_BYTES:
         raise BadInputError(f"{path}: {MANIFEST} is {member.size} bytes (limit {MAX_MANIFEST_BYTES}); refused")
+    return tar.extractfile(member).read()
+
+
+def _parse_manifest(path: Path, text: bytes, limit: tuple[int, str]) -> dict:
     try:
-        manifest = json.loads(tar.extractfile(member).read().decode("utf-8"))
+        manifest = json.loads(text.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadInputError(f"{path}: {MANIFEST} is not valid JSON ({first_line(exc)})") from exc
     check_manifest(manifest, f"{path}: {MANIFEST}")
+    declared = sum(entry["bytes"] for entry in manifest["files"].values())
+    if declared > limit[0]:
+        raise BadInputError(f"{path}: the manifest declares {declared} bytes of files, over the "
+                            f"extraction limit of {limit[0]} bytes ({limit[1]}); refused "
+                            f"(raise it with --max-extract-mb or $EDGEOPT_BUNDLE_MAX_MB)")
     return manifest
+
+
+def _small(path: Path, tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+    if member.size > MAX_SIGNATURE_BYTES:
+        raise BadInputError(f"{path}: '{member.name}' is {member.size} bytes (limit {MAX_SIGNATURE_BYTES}); refused")
+    return tar.extractfile(member).read()
 
 
 def _copy(source, target: Path | None) -> str:
@@ -253,13 +317,19 @@ def describe(bundle: Bundle) -> dict:
     """What ``verify`` reports about a checked bundle."""
     manifest = bundle.manifest
     return {"bundle": str(bundle.path), "ok": True, "bytes": bundle.path.stat().st_size, "sha256": bundle.sha256,
-            "files": len(manifest["files"]) + 1, "target": manifest["target"]["name"], "model": manifest["model"],
-            "runtime": manifest["runtime"], "build_id": manifest["build_id"], "manifest": manifest}
+            "files": _entries(bundle), "target": manifest["target"]["name"], "model": manifest["model"],
+            "runtime": manifest["runtime"], "build_id": manifest["build_id"],
+            "signature": bundle.signature.describe(), "manifest": manifest}
 
 
 def summary(bundle: Bundle) -> str:
     """One line saying the bundle checked out, and what it holds."""
     manifest = bundle.manifest
     build = f", build {manifest['build_id']}" if manifest["build_id"] else ""
-    return (f"{bundle.path}: OK ({len(manifest['files']) + 1} files, sha256 {bundle.sha256}): {manifest['model']} for "
-            f"{manifest['target']['name']} on {manifest['runtime']['name']} {manifest['runtime']['version']}{build}")
+    return (f"{bundle.path}: OK ({_entries(bundle)} files, sha256 {bundle.sha256}): {manifest['model']} for "
+            f"{manifest['target']['name']} on {manifest['runtime']['name']} {manifest['runtime']['version']}{build}; "
+            f"{bundle.signature.summary()}")
+
+
+def _entries(bundle: Bundle) -> int:
+    return len(bundle.manifest["files"]) + 1 + (bundle.signature.key_id is not None)

@@ -14,6 +14,7 @@ import sys
 import time
 
 from edgeopt.errors import BadInputError
+from edgeopt.jsonio import dumps
 
 
 def run(request: dict) -> dict:
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     except BadInputError as exc:
         result, code = {"error": str(exc)}, 2
     with open(result_path, "w", encoding="utf-8") as handle:
-        json.dump(result, handle)
+        handle.write(dumps(result))
     return code
 
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import xml.etree.ElementTree as ET
 
+from edgeopt import jsonio
 from edgeopt.atomic import write_text
 from edgeopt.device.validate import SCHEMA_VERSION, ValidationReport
 
@@ -13,9 +13,9 @@ from edgeopt.device.validate import SCHEMA_VERSION, ValidationReport
 def to_json(reports: list[ValidationReport]) -> str:
     """One report as an object, several as ``{"passed": ..., "reports": [...]}``."""
     if len(reports) == 1:
-        return json.dumps(reports[0].to_dict(), indent=2)
-    return json.dumps({"schema_version": SCHEMA_VERSION, "report": "validations",
-                       "passed": all(r.passed for r in reports), "reports": [r.to_dict() for r in reports]}, indent=2)
+        return jsonio.dumps(reports[0].to_dict(), indent=2)
+    return jsonio.dumps({"schema_version": SCHEMA_VERSION, "report": "validations",
+                         "passed": all(r.passed for r in reports), "reports": [r.to_dict() for r in reports]}, indent=2)
 
 
 def write_json(report: ValidationReport | list[ValidationReport], path: str) -> None:
@@ -32,8 +32,10 @@ def to_junit(reports: list[ValidationReport]) -> str:
     suites = ET.Element("testsuites", name="edgeopt validate")
     for report in reports:
         failures = sum(not check.passed for check in report.checks)
+        skipped = sum(check.passed and check.status != "measured" for check in report.checks)
         suite = ET.SubElement(suites, "testsuite", name=f"{report.target or 'budgets'}: {report.artifact}",
-                              tests=str(len(report.checks)), failures=str(failures), errors="0", skipped="0",
+                              tests=str(len(report.checks)), failures=str(failures), errors="0",
+                              skipped=str(skipped),
                               time=f"{report.latency.mean_ms * report.latency.runs / 1000:.3f}",
                               hostname=report.host.get("cpu_model", ""))
         properties = ET.SubElement(suite, "properties")
@@ -46,9 +48,13 @@ def to_junit(reports: list[ValidationReport]) -> str:
                                  name=check.name, time="0")
             measured = "not measured" if check.measured is None else f"{check.measured:.4g}{check.unit}"
             verdict = f"measured {measured}, budget {check.budget:.4g}{check.unit}"
+            if check.status != "measured":  # emulated or unreliable: never a plain pass
+                verdict += f" ({check.status}: {check.reason})"
             if not check.passed:
                 failure = ET.SubElement(case, "failure", type="BudgetExceeded", message=f"{check.name}: {verdict}")
                 failure.text = report.measured_with()
+            elif check.status != "measured":
+                ET.SubElement(case, "skipped", message=f"{check.verdict}: {verdict}")
             else:
                 ET.SubElement(case, "system-out").text = verdict
     ET.indent(suites)

@@ -20,15 +20,22 @@ PRECISIONS = ("f32", "bf16", "f16")
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """Name, shape (None for a dynamic dimension) and numpy dtype of a model input or output."""
+    """Name, shape (None for a dynamic dimension) and numpy dtype of a model input or output, and the axis
+    that holds the batch (``None``: none, as for a rank-0 scalar such as a sample rate)."""
 
     name: str
     shape: tuple[int | None, ...]
     dtype: str
+    batch_axis: int | None = 0
 
     @property
     def is_static(self) -> bool:
         return all(d is not None for d in self.shape)
+
+    @property
+    def batch_dim(self) -> int | None:
+        """The batch axis when the tensor has one (never for a rank-0 tensor)."""
+        return self.batch_axis if self.batch_axis is not None and self.batch_axis < len(self.shape) else None
 
 
 @dataclass(frozen=True)
@@ -147,13 +154,13 @@ class OpenVINOSession(Session):
         self.outputs = [_ov_spec(port) for port in self._compiled.outputs]
 
     def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        result = self._request.infer({name: np.ascontiguousarray(value) for name, value in feeds.items()})
+        result = self._request.infer({name: contiguous(value) for name, value in feeds.items()})
         return [np.array(result[port]) for port in self._compiled.outputs]
 
     def bind(self, feeds: dict[str, np.ndarray]) -> Callable[[], None]:
         import openvino as ov
 
-        self._bound = [np.ascontiguousarray(feeds[spec.name]) for spec in self.inputs]  # kept alive: shared memory
+        self._bound = [contiguous(feeds[spec.name]) for spec in self.inputs]  # kept alive: shared memory
         for index, value in enumerate(self._bound):
             self._request.set_input_tensor(index, ov.Tensor(value, shared_memory=True))
         request = self._request
@@ -217,7 +224,7 @@ class OnnxRuntimeSession(Session):
 
     def bind(self, feeds: dict[str, np.ndarray]) -> Callable[[], None]:
         binding = self._session.io_binding()
-        self._bound = [np.ascontiguousarray(feeds[spec.name]) for spec in self.inputs]  # kept alive while bound
+        self._bound = [contiguous(feeds[spec.name]) for spec in self.inputs]  # kept alive while bound
         for spec, value in zip(self.inputs, self._bound):
             binding.bind_cpu_input(spec.name, value)
         for spec in self.outputs:
@@ -270,6 +277,12 @@ def random_feeds(inputs: list[TensorSpec], seed: int = 0) -> dict[str, np.ndarra
         else:
             feeds[spec.name] = rng.standard_normal(spec.shape).astype(spec.dtype)
     return feeds
+
+
+def contiguous(value) -> np.ndarray:
+    """``value`` as a C-contiguous array of its own rank (``np.ascontiguousarray`` turns a rank-0 array into
+    shape (1,), which a runtime then refuses for a scalar input)."""
+    return np.require(value, requirements="C")
 
 
 def format_shape(shape: tuple[int | None, ...]) -> str:

@@ -13,6 +13,7 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from edgeopt import jsonio
 from edgeopt.device.budgets import BudgetCheck, Budgets, check_budgets
 from edgeopt.device.host import host_info
 from edgeopt.device.formats import file_format
@@ -197,7 +198,7 @@ def _run_probe(request: dict, max_isa: str | None, timeout: float | None) -> dic
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     with tempfile.TemporaryDirectory(prefix="edgeopt-probe-") as tmp:
         request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
-        request_path.write_text(json.dumps(request), encoding="utf-8")
+        request_path.write_text(jsonio.dumps(request), encoding="utf-8")
         try:
             proc = subprocess.run([sys.executable, "-m", "edgeopt.device.probe", str(request_path), str(result_path)],
                                   env=env, capture_output=True, text=True, timeout=timeout)

@@ -84,12 +84,33 @@ def choose(candidates: list[Candidate], objective: str) -> Candidate | None:
     passing = [c for c in candidates if c.passed]
     if not passing:
         return None
+    passing = not_slower_than_float(passing)
     passing = [c for c in passing if c.figures.get(objective) is not None]
     if not passing:
         raise BadInputError(f"objective {objective} could not be measured on this host; choose another --objective")
     best = min(c.figures[objective] for c in passing)
     tied = [c for c in passing if c.figures[objective] <= best * (1 + TIE_TOLERANCE)]
     return min(tied, key=lambda c: (c.file_bytes, c.figures[objective]))
+
+
+FLOAT_PRECISIONS = ("fp32", "fp16")
+
+
+def not_slower_than_float(passing: list[Candidate]) -> list[Candidate]:
+    """Drop quantized candidates whose p50 is above the fastest passing float candidate's (beyond the tie
+    tolerance), with a note: whatever the objective, a smaller artifact that runs slower than float is no win."""
+    floats = [c.figures["p50_ms"] for c in passing if c.precision in FLOAT_PRECISIONS and c.figures.get("p50_ms")]
+    if not floats:
+        return passing
+    limit = min(floats) * (1 + TIE_TOLERANCE)
+    kept = []
+    for candidate in passing:
+        p50 = candidate.figures.get("p50_ms")
+        if candidate.precision not in FLOAT_PRECISIONS and p50 is not None and p50 > limit:
+            candidate.notes.append(f"slower than float ({p50:.3f} ms p50 vs {min(floats):.3f} ms): not chosen")
+            continue
+        kept.append(candidate)
+    return kept
 
 
 def closest(candidates: list[Candidate]) -> Candidate | None:

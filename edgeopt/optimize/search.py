@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edgeopt.atomic import WriteError
 from edgeopt.data import load_samples
-from edgeopt.device.budgets import check_budgets
 from edgeopt.device.host import host_info
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.evaluate import Quality, QualityGate
@@ -24,7 +25,7 @@ from edgeopt.device.formats import format_for_runtime
 from edgeopt.recipe import Recipe
 from edgeopt.reporting.reports import CompressReport, OptimizeReport
 from edgeopt.source import load_model
-from edgeopt.targets import OBJECTIVES, Measuring, Target, plan_emulation, validate_on
+from edgeopt.targets import OBJECTIVES, Measuring, Target, judge, plan_emulation, validate_on
 from edgeopt.versions import tool_versions
 
 
@@ -76,47 +77,58 @@ class OptimizeResult:
 
 def search(model: str, calibration: str, eval_data: str, target: Target, *, gate: QualityGate, cache: Cache,
            plan: str | Path | None = None, measuring: Measuring = Measuring(), objective: str = "p50_ms",
-           input_shapes: dict | None = None, seed: int = 0,
+           input_shapes: dict | None = None, seed: int = 0, pool=None,
            progress: Callable[[Candidate, str], None] = lambda candidate, event: None) -> OptimizeResult:
-    """Run the plan's stages for ``target``; ``progress(candidate, event)`` hears what happens to each one."""
+    """Run the plan's stages for ``target``; ``progress(candidate, event)`` hears what happens to each one.
+    ``pool`` (``edgeopt.remote.pool.DevicePool``): measure on real devices, in parallel with the next builds."""
     if objective not in OBJECTIVES:
         raise BadInputError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     stages = load_plan(plan)
     shapes = {**target.input_shapes, **(input_shapes or {})}
-    source = load_model(model, shapes)  # bad inputs fail here, before any work
-    load_samples(calibration, source.inputs)
-    load_samples(eval_data, source.inputs)
+    source = load_model(model, shapes, target.batch_axes)  # bad inputs fail here, before any work
+    load_samples(calibration, source.inputs, source.tokenizer)
+    load_samples(eval_data, source.inputs, source.tokenizer)
     fmt = format_for_runtime(target.settings.runtime).name
     inputs = {"model": files_digest(model), "calibration": files_digest(calibration),
               "evaluation": files_digest(eval_data), "input_shapes": {k: list(v) for k, v in shapes.items()},
-              "seed": seed, "format": fmt, "versions": tool_versions(),
+              "batch_axes": dict(target.batch_axes), "seed": seed, "format": fmt, "versions": tool_versions(),
               # passes see the target and the gate (weights mode=auto, int8_ac's allowed drop)
               "target": target.describe(), "gate": {"max_drop": gate.max_drop, "min_cosine": gate.min_cosine}}
-    emulation = plan_emulation(target, host_info())
+    emulation = None if pool else plan_emulation(target, host_info())
     measure_key = digest({"settings": (emulation.settings if emulation else target.settings).describe(),
                           "cpus": emulation.cpus if emulation else None,
                           "max_isa": emulation.max_isa if emulation else None, "runs": measuring.runs,
                           "warmup": measuring.warmup, "min_seconds": float(measuring.min_seconds),
                           "host": host_info().cpu_model})
     builder = _Builder(model, calibration, eval_data, target, gate, cache, measuring, shapes, seed, fmt, inputs,
-                       measure_key, progress)
+                       measure_key, progress, emulation, pool)
     candidates: list[Candidate] = []
     stages_run = []
-    for stage in stages:
-        stages_run.append(stage.name)
-        for planned in stage.candidates:
-            candidate = builder.candidate(stage.name, planned)
-            candidate.skipped = _skip_reason(planned, target, source.kind, candidates)
-            candidates.append(candidate)
-            if candidate.skipped:
-                progress(candidate, "skipped")
-                continue
-            builder.build(candidate, planned.recipe)
-            if not candidate.skipped:
-                builder.measure(candidate)
-            progress(candidate, "done")
-        if stage.stop_when_passed and any(c.passed for c in candidates):
-            break
+    # Devices measure while this host builds the next candidate; here, measuring waits for a quiet host.
+    with ThreadPoolExecutor(max_workers=pool.slots if pool else 1) as measurers:
+        for stage in stages:
+            stages_run.append(stage.name)
+            pending = []
+            for planned in stage.candidates:
+                candidate = builder.candidate(stage.name, planned)
+                candidate.skipped = _skip_reason(planned, target, source.kind, candidates)
+                candidates.append(candidate)
+                if candidate.skipped:
+                    progress(candidate, "skipped")
+                    continue
+                builder.build(candidate, planned.recipe)
+                if candidate.skipped:
+                    progress(candidate, "done")
+                elif pool:
+                    pending.append((candidate, measurers.submit(builder.measure, candidate)))
+                else:
+                    builder.measure(candidate)
+                    progress(candidate, "done")
+            for candidate, future in pending:
+                future.result()
+                progress(candidate, "done")
+            if stage.stop_when_passed and any(c.passed for c in candidates):
+                break
     result = OptimizeResult(target, gate, objective, measuring, candidates, stages_run,
                             choose(candidates, objective), closest(candidates),
                             emulation.note if emulation else None, cache.root, Path(plan or DEFAULT_PLAN),
@@ -152,6 +164,8 @@ class _Builder:
     inputs: dict
     measure_key: str
     progress: Callable[[Candidate, str], None]
+    emulation: object = None  # targets.Emulation when this host stands in for the device
+    pool: object = None  # remote.pool.DevicePool: measure on real devices
 
     def candidate(self, stage: str, planned: PlannedCandidate) -> Candidate:
         eligible = planned.precision in self.target.precisions
@@ -171,10 +185,14 @@ class _Builder:
             try:
                 compress_recipe(self.model, self.calibration, recipe, out=entry, target=self.target,
                                 formats=(self.fmt,), eval_data=self.eval_data, gate=self.gate,
-                                input_shapes=self.shapes, seed=self.seed, measuring=None)
+                                input_shapes=self.shapes, seed=self.seed, measuring=None,
+                                batch_axes=self.target.batch_axes)
+            except WriteError:
+                raise
             except BadInputError as exc:
                 candidate.skipped = f"build failed: {first_line(exc)}"
                 return
+            self.cache.seal(key)
         report = CompressReport.from_dict(json.loads((entry / "report.json").read_text(encoding="utf-8")))
         artifact = report.artifacts[0]
         candidate.artifact = entry / artifact["path"]
@@ -189,6 +207,9 @@ class _Builder:
 
     def measure(self, candidate: Candidate) -> None:
         """Measure (or reuse the measurement of) the artifact with the device's settings; check the budgets."""
+        if self.pool is not None:
+            self._measure_on_device(candidate)
+            return
         key = candidate.artifact.parent.name
         stored = self.cache.load_measurement(key, self.measure_key)
         if stored is not None:
@@ -208,4 +229,19 @@ class _Builder:
             self.cache.store_measurement(key, self.measure_key, stored)
         candidate.validation, candidate.figures = stored["validation"], stored["figures"]
         candidate.timings_ms = stored["timings_ms"]
-        candidate.checks = check_budgets(self.target.budgets, candidate.figures)
+        candidate.checks = judge(self.target.budgets, candidate.figures, self.emulation,
+                                 stored["validation"]["host"])
+
+    def _measure_on_device(self, candidate: Candidate) -> None:
+        """Measure on a free device of the pool (cached per device); a device lost mid-run leaves it unmeasured."""
+        from edgeopt.remote.ssh import DeviceLost
+
+        self.progress(candidate, "measuring")
+        try:
+            report = self.pool.measure(candidate.artifact, runs=self.measuring.runs, warmup=self.measuring.warmup,
+                                       min_seconds=self.measuring.min_seconds, input_shapes=self.shapes)
+        except DeviceLost as exc:
+            candidate.skipped = f"unmeasured: {first_line(exc)}"
+            return
+        candidate.validation, candidate.figures = report.to_dict(), report.measured()
+        candidate.checks, candidate.timings_ms = report.checks, list(report.timings_ms)

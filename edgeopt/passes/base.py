@@ -25,6 +25,7 @@ class WorkingModel:
     precision: str = "fp32"  # weight precision label of the result: fp32, fp16, int8, int4/int8 weights, ...
     float_weights_fp16: bool = False  # store the float constants that remain as FP16 (set by the precision passes)
     notes: list[str] = field(default_factory=list)  # choices a pass made, for the report
+    decisions: dict[str, Any] = field(default_factory=dict)  # measured choices a pass made, for report.json
 
     @property
     def ov_model(self):

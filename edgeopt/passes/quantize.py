@@ -6,32 +6,36 @@ from dataclasses import dataclass
 from typing import Literal
 
 from edgeopt.errors import BadInputError, first_line
+from edgeopt.model_type import TRANSFORMER, ModelType, detect_model_type
 from edgeopt.passes.base import PassContext, WorkingModel
 from edgeopt.passes.config import StepConfig, number
+from edgeopt.passes.onnx_int8 import quantize_onnx
 from edgeopt.passes.registry import GRAPH, register
+from edgeopt.passes.smooth_quant import quantize_choosing_smooth_quant, smooth_quant_parameters
 
-Preset = Literal["performance", "mixed"]
-
-
-def is_transformer(ov_model) -> bool:
-    """Heuristic: attention blocks show up as Softmax fed by MatMul."""
-    ops = [op.get_type_name() for op in ov_model.get_ops()]
-    return "Softmax" in ops and ops.count("MatMul") >= 2
+Preset = Literal["auto", "performance", "mixed"]
 
 
 def nncf_preset(preset: str):
     import nncf
 
-    return {"performance": nncf.QuantizationPreset.PERFORMANCE, "mixed": nncf.QuantizationPreset.MIXED}[preset]
+    return {"auto": None, "performance": nncf.QuantizationPreset.PERFORMANCE,
+            "mixed": nncf.QuantizationPreset.MIXED}[preset]
 
 
 @dataclass(frozen=True)
 class Int8Config(StepConfig):
-    preset: Preset = "performance"
+    """``preset = "auto"``: NNCF's choice for the model type (MIXED, asymmetric activations, for transformers;
+    PERFORMANCE otherwise). ``model_type = "auto"``: ``edgeopt.model_type`` recognises transformers.
+    ``smooth_quant_alpha`` (transformers; -1 turns it off): by default chosen by measurement
+    (``edgeopt.passes.smooth_quant``)."""
+
+    preset: Preset = "auto"
     subset_size: int = number(300, "[1, inf)")
     fast_bias_correction: bool = True
     ignored_scope: list[str] | None = None
     model_type: Literal["auto", "transformer", "default"] = "auto"
+    smooth_quant_alpha: float | None = None
 
 
 @register("int8", Int8Config, stage=GRAPH, formats=("openvino", "onnx"), sets_precision=True,
@@ -39,25 +43,66 @@ class Int8Config(StepConfig):
 def int8(model: WorkingModel, ctx: PassContext, config: Int8Config) -> None:
     import nncf
 
-    transformer = is_transformer(model.ov_model) if config.model_type == "auto" else config.model_type == "transformer"
+    kind = (detect_model_type(model.source.model_type, model.ov_model) if config.model_type == "auto"
+            else ModelType(config.model_type, "set by the recipe"))
+    transformer = kind.name == TRANSFORMER
+    smooth_quant_alpha = config.smooth_quant_alpha
     kwargs = dict(
         preset=nncf_preset(config.preset),
         subset_size=min(config.subset_size, len(ctx.calibration)),
         fast_bias_correction=config.fast_bias_correction,
-        model_type=nncf.ModelType.TRANSFORMER if transformer else None,
+        model_type=kind.nncf(),
         ignored_scope=(nncf.IgnoredScope(names=list(config.ignored_scope), validate=False)
                        if config.ignored_scope else None),
     )
     dataset = ctx.calibration.to_nncf()
+    smooth_quant = ""
     try:
-        for fmt, graph in model.graphs.items():
-            model.graphs[fmt] = nncf.quantize(graph, dataset, **kwargs)
+        if transformer and smooth_quant_alpha is None:
+            model.graphs["openvino"], smooth_quant_alpha, smooth_quant = quantize_choosing_smooth_quant(
+                model.ov_model, ctx.calibration.samples,
+                lambda m, advanced: nncf.quantize(m, dataset, **kwargs, advanced_parameters=advanced))
+            kwargs["advanced_parameters"] = smooth_quant_parameters(smooth_quant_alpha)
+        else:
+            if transformer:
+                kwargs["advanced_parameters"] = smooth_quant_parameters(smooth_quant_alpha)
+                smooth_quant = f"SmoothQuant alpha {smooth_quant_alpha} (set by the recipe)"
+            model.graphs["openvino"] = nncf.quantize(model.ov_model, dataset, **kwargs)
     except nncf.ValidationError as exc:
         raise BadInputError(f"int8: {first_line(exc)}") from exc
+    except Exception as exc:  # NNCF has no typed error for a graph it cannot handle: name what it said
+        raise BadInputError(f"int8: NNCF cannot quantize this model ({unsupported_message(model.ov_model, exc)})") from exc
     model.precision = "int8"
     model.float_weights_fp16 = True
-    model.notes.append(f"int8: preset={config.preset}, subset={kwargs['subset_size']} samples, "
-                       f"model_type={'transformer' if transformer else 'default'}")
+    chosen = config.preset if config.preset != "auto" else ("mixed" if transformer else "performance")
+    smooth_quant = f", {smooth_quant}" if smooth_quant else ""
+    model.notes.append(f"int8: preset={chosen}, subset={kwargs['subset_size']} samples, "
+                       f"model_type={kind.describe()}{smooth_quant}")
+    if "onnx" in model.graphs:
+        onnx_options = {k: v for k, v in kwargs.items() if k != "subset_size"}
+        picked = quantize_onnx(model.graphs["onnx"], ctx.calibration, subset_size=kwargs["subset_size"],
+                               nncf_options=onnx_options)
+        model.graphs["onnx"] = picked.model
+        model.decisions["onnx_int8"] = picked.describe()
+        model.notes.append(f"onnx int8: {picked.backend} backend chosen by fusability, measured fidelity, size "
+                           f"({', '.join(_summary(c) for c in picked.candidates)}; FP32 p50 {picked.fp32_p50_ms} ms)")
+
+
+def _summary(built) -> str:
+    if built.error:
+        return f"{built.backend} failed: {built.error[:80]}"
+    return (f"{built.backend}: cos {built.cosine:.4f}, unfused {built.unfused:.0%}, p50 {built.p50_ms} ms, "
+            f"{built.bytes} B")
+
+
+def unsupported_message(ov_model, exc: BaseException) -> str:
+    """NNCF's error in one line, naming the node and op type when the message names a node of the model."""
+    text = first_line(exc)
+    for op in ov_model.get_ops():
+        name = op.get_friendly_name()
+        if len(name) > 2 and name in str(exc):
+            return f"node '{name}' (op {op.get_type_name()}): {text}"
+    return text
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from edgeopt.errors import BadInputError, first_line
+from edgeopt.model_type import detect_model_type
 from edgeopt.passes.base import PassContext, WorkingModel
 from edgeopt.passes.config import StepConfig, number
-from edgeopt.passes.quantize import is_transformer
 from edgeopt.passes.registry import GRAPH, register
 
 MODES = ("int8_sym", "int8_asym", "int4_sym", "int4_asym")
@@ -51,8 +51,8 @@ def default_weight_compression(target, ov_model) -> WeightChoice:
     """INT4 (group 128, ratio 0.8) for transformers on memory-tight targets, INT8 weights otherwise."""
     from edgeopt.weight_bytes import openvino_weight_bytes
 
-    if not is_transformer(ov_model):
-        return WeightChoice(dict(ROOMY_DEFAULTS), "not a transformer (no MatMul→Softmax attention): INT8 weights")
+    if not detect_model_type(ov_model=ov_model).is_transformer:
+        return WeightChoice(dict(ROOMY_DEFAULTS), "not a transformer (no attention in the graph): INT8 weights")
     if target is None:
         return WeightChoice(dict(ROOMY_DEFAULTS), "transformer, no target profile: INT8 weights")
     int8_mb = openvino_weight_bytes(ov_model).total / 4 / 1e6

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from edgeopt import atomic
+from edgeopt import atomic, jsonio
 
 
 def write_reports(report: dict, folder: Path) -> list[Path]:
@@ -20,7 +19,7 @@ def write_reports(report: dict, folder: Path) -> list[Path]:
         with atomic.atomic_file(folder / name) as handle:
             handle.write(png)
         written.append(folder / name)
-    texts = {"report.json": json.dumps(report, indent=2),
+    texts = {"report.json": jsonio.dumps(report, indent=2),
              "report.md": markdown.render(report, {title: name for title, (name, _) in figures.items()}),
              "report.html": html.render(report, {title: png for title, (_, png) in figures.items()})}
     for name, text in texts.items():

@@ -18,12 +18,12 @@ _STYLE = {"chosen": "bold green", "closest": "bold yellow", "pass": "green", "fa
 
 def emit(data: dict, show: str | Callable[[], None], json_out: str | None, quiet: bool) -> None:
     """JSON to a file or alone on stdout (``-``); otherwise ``show`` (a line, or a printer) unless quiet."""
-    from edgeopt import atomic
+    from edgeopt import atomic, jsonio
 
     if json_out == "-":
-        click.echo(json.dumps(data, indent=2))
+        click.echo(jsonio.dumps(data, indent=2))
     elif json_out:
-        atomic.write_text(json_out, json.dumps(data, indent=2) + "\n")
+        atomic.write_text(json_out, jsonio.dumps(data, indent=2) + "\n")
     if not quiet and json_out != "-":
         show() if callable(show) else click.echo(show)
 
@@ -66,6 +66,11 @@ def print_compress_result(result) -> None:
         verdict = "-" if gate is None else ("PASS: " if gate[0] else "FAIL: ") + gate[1]
         table.add_row(artifact.path.name, artifact.precision, format_bytes(artifact.bytes), ratio, top1, cosine, verdict)
     out.print(table)
+    print_output_fidelity(result, out)
+    for fmt, versus in result.vs_fp32.items():
+        flags = f" -- FLAGGED: {', '.join(versus.flags)}" if versus.flags else ""
+        out.print(f"{fmt} vs FP32 {fmt} ({versus.settings.runtime}, {versus.settings.threads} threads): "
+                  f"{versus.summary()}{flags}")
     fp32_weights = result.fp32_weight_bytes
     for fmt, weights in result.weight_bytes.items():
         ratio = f", {size_ratio(fp32_weights.total, weights.total)} than FP32 ({format_bytes(fp32_weights.total)})" \
@@ -75,6 +80,25 @@ def print_compress_result(result) -> None:
         print_step_report(result.steps, out)
     for validation in result.validations:  # the artifacts the target runs, against its budgets
         print_validation(validation)
+
+
+def print_output_fidelity(result, out: Console) -> None:
+    """One row per artifact and output, for models with more than one output; gated outputs are marked."""
+    qualities = {name: q for name, q in result.qualities.items() if len(q.outputs) > 1}
+    if not qualities:
+        return
+    table = Table(title="fidelity per output", box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in ("artifact", "output", "gated", "cosine", "max abs err", "mean abs err", "top-1 agree"):
+        table.add_column(column, justify="left" if column in ("artifact", "output", "gated") else "right",
+                         no_wrap=True)
+    for name, quality in qualities.items():
+        gated = {f.output for f in result.gate.gated(quality)}
+        for fidelity in quality.outputs:
+            agreement = "-" if fidelity.top1_agreement is None else f"{fidelity.top1_agreement * 100:.2f}%"
+            table.add_row(name, fidelity.output, "yes" if fidelity.output in gated else "no",
+                          f"{fidelity.cosine:.5f}", f"{fidelity.max_abs_error:.4g}", f"{fidelity.mean_abs_error:.4g}",
+                          agreement)
+    Console(highlight=False, width=max(out.width, 110)).print(table)  # output names: never squeeze into 80
 
 
 def print_step_report(report, out: Console) -> None:

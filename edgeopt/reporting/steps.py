@@ -100,8 +100,13 @@ class StepRecorder:
         self.report.rows = [replace(row, p50_ms=latency_stats(times).p50_ms)
                             for row, times in zip(self.report.rows, timings)]
         del sessions
-        self._folder.cleanup()
+        self.close()
         return self.report
+
+    def close(self) -> None:
+        """Release the compiled models and remove their IRs (also when the run fails before ``finish``)."""
+        self._sessions.clear()
+        self._folder.cleanup()
 
     def _counts(self, working: WorkingModel) -> tuple[int | None, int | None]:
         """Params and MACs of the current torch module; steps past conversion keep the architecture's counts."""

@@ -54,7 +54,8 @@ def candidate_rows(report: dict) -> list[Row]:
         drop = quality["top1_drop"]
         quality_text = (f"{drop * 100:+.2f} pp" if drop is not None
                         else f"cos {quality['cosine']:.4f}" if quality["cosine"] is not None else "-")
-        budgets = ("PASS" if c["budgets_passed"] else "FAIL: " + ", ".join(
+        emulated = any(ch.get("status", "measured") != "measured" for ch in c["checks"])
+        budgets = (("EMULATED" if emulated else "PASS") if c["budgets_passed"] else "FAIL: " + ", ".join(
             ch["name"] for ch in c["checks"] if not ch["passed"])) if c["checks"] else "not measured"
         if not c["eligible"]:
             budgets += f" (device does not run {c['precision']})"
@@ -82,7 +83,8 @@ def budget_rows(report: dict) -> list[Row]:
     for c in report["candidates"]:
         if not c["checks"]:
             continue
-        cells = tuple(f"{'PASS' if ch['passed'] else 'FAIL'} {_num(ch['measured'])}" for ch in c["checks"])
+        cells = tuple(f"{ch.get('verdict') or ('PASS' if ch['passed'] else 'FAIL')} {_num(ch['measured'])}"
+                      for ch in c["checks"])
         rows.append(Row((c["label"], *cells), "pass" if c["budgets_passed"] else "fail"))
     return rows
 
@@ -106,7 +108,9 @@ def settings_lines(report: dict) -> list[tuple[str, str]]:
         lines.append((f"measured with ({measured['label']}; each candidate's own line is in report.json)",
                       measured["measured_with"]))
     lines += [
-        ("where", report["emulation_note"] or f"on the device itself ({host['cpu_model']})"),
+        ("where", report["emulation_note"] or (
+            "on the devices " + ", ".join(f"{d['device']} ({d['address']}, {d['identity']})" for d in report["devices"])
+            if report.get("devices") else f"on the device itself ({host['cpu_model']})")),
         ("host", f"{host['cpu_model']}, {host['usable_cpus']} usable CPUs, {host['os']}, {host['machine']}, "
                  f"flags {' '.join(host['cpu_flags']) or 'none'}"),
         ("quality gate", f"top-1 drop ≤ {report['gate']['max_top1_drop'] * 100:.2f} pp on the evaluation set "

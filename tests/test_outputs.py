@@ -1,0 +1,148 @@
+"""Every output counts: per-output fidelity in report.json, the gate on the worst gated output (--outputs),
+top-1 agreement only for classifier outputs; and transformers recognised from the graph."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from edgeopt.evaluate import Fidelity, Quality, QualityGate
+from edgeopt.model_type import detect_model_type
+
+HERE = Path(__file__).resolve().parent
+
+
+class FaceHeads(nn.Module):
+    """MTCNN ONet-shaped: a conv trunk and three heads — box [1, 4], landmarks [1, 10], face probability [1, 2].
+    The landmarks head is deliberately fragile: the difference of two nearly equal layers, scaled up, so INT8
+    noise swamps it while the other two heads stay close."""
+
+    def __init__(self):
+        super().__init__()
+        self.trunk = nn.Sequential(nn.Conv2d(3, 16, 3, stride=2), nn.ReLU(), nn.Conv2d(16, 32, 3, stride=2), nn.ReLU(),
+                                   nn.AvgPool2d(5), nn.Flatten(), nn.Linear(128, 64), nn.ReLU())
+        self.box, self.prob = nn.Linear(64, 4), nn.Linear(64, 2)
+        self.mark_a, self.mark_b = nn.Linear(64, 10), nn.Linear(64, 10)
+        with torch.no_grad():
+            self.mark_b.weight.copy_(self.mark_a.weight + 1e-3 * torch.randn_like(self.mark_a.weight))
+            self.mark_b.bias.copy_(self.mark_a.bias)
+
+    def forward(self, x):
+        h = self.trunk(x)
+        return self.box(h), (self.mark_b(h) - self.mark_a(h)) * 100.0, torch.softmax(self.prob(h), dim=1)
+
+
+@pytest.fixture(scope="module")
+def three_outputs(tmp_path_factory) -> dict:
+    folder = tmp_path_factory.mktemp("three")
+    torch.manual_seed(0)
+    path = folder / "onet.onnx"
+    torch.onnx.export(FaceHeads().eval(), (torch.zeros(1, 3, 48, 48),), str(path), dynamo=False, opset_version=13,
+                      input_names=["image"], output_names=["box", "landmarks", "prob"])
+    rng = np.random.default_rng(0)
+    np.savez(folder / "calib.npz", image=rng.random((32, 3, 48, 48), dtype=np.float32))
+    np.savez(folder / "eval.npz", image=rng.random((24, 3, 48, 48), dtype=np.float32))
+    return {"model": path, "calib": folder / "calib.npz", "eval": folder / "eval.npz"}
+
+
+def test_three_output_model_is_gated_on_every_output(tmp_path, three_outputs, cli):
+    out = tmp_path / "all"
+    result = cli("compress", three_outputs["model"], "--calib", three_outputs["calib"], "--eval",
+                 three_outputs["eval"], "--out", out, "--format", "openvino", "--min-cosine", "0.98")
+    assert result.exit_code == 3, result.output
+    report = json.loads((out / "report.json").read_text())
+    quality = report["quality"]["artifacts"]["openvino"]
+    outputs = quality["outputs"]
+    assert list(outputs) == ["box", "landmarks", "prob"]
+    assert outputs["landmarks"]["cosine"] < 0.98 <= min(outputs["box"]["cosine"], outputs["prob"]["cosine"])
+    assert quality["fidelity"]["output"] == "landmarks" and "landmarks" in quality["check"]
+    # top-1 agreement only where the output is a classifier (the softmax probabilities)
+    assert outputs["prob"]["top1_agreement"] is not None
+    assert outputs["box"]["top1_agreement"] is None and outputs["landmarks"]["top1_agreement"] is None
+    assert "landmarks" in result.output and "fidelity per output" in result.output
+
+    named = tmp_path / "named"
+    result = cli("compress", three_outputs["model"], "--calib", three_outputs["calib"], "--eval",
+                 three_outputs["eval"], "--out", named, "--format", "openvino", "--min-cosine", "0.98",
+                 "--outputs", "box,prob")
+    assert result.exit_code == 0, result.output
+    report = json.loads((named / "report.json").read_text())
+    assert report["quality"]["gate"]["outputs"] == ["box", "prob"]
+    assert set(report["quality"]["artifacts"]["openvino"]["outputs"]) == {"box", "landmarks", "prob"}  # still reported
+
+
+def test_unknown_gated_output_is_bad_input(tmp_path, three_outputs, cli):
+    result = cli("compress", three_outputs["model"], "--calib", three_outputs["calib"], "--eval",
+                 three_outputs["eval"], "--out", tmp_path / "o", "--outputs", "box,nose")
+    assert result.exit_code == 2 and "nose" in result.output and "landmarks" in result.output
+
+
+def test_gate_with_labels_checks_top1_and_the_other_outputs():
+    def fidelity(name, cosine):
+        return Fidelity(cosine, 0.0, 0.0, None, name)
+
+    reference = Quality("original", 0.9, None, top1_output="prob")
+    candidate = Quality("openvino", 0.9, fidelity("landmarks", 0.5), None,
+                        (fidelity("box", 0.999), fidelity("landmarks", 0.5), fidelity("prob", 0.2)), "prob")
+    ok, message = QualityGate().check(reference, candidate)
+    assert not ok and "top-1 drop 0.00 pp" in message and "landmarks" in message
+    ok, _ = QualityGate(outputs=("box", "prob")).check(reference, candidate)
+    assert ok  # prob is judged by its labels, box by cosine; landmarks is not gated
+
+
+class SdpaEncoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.out = nn.Linear(32, 96), nn.Linear(32, 32)
+
+    def forward(self, x):
+        q, k, v = (t.reshape(1, 8, 4, 8).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        attended = nn.functional.scaled_dot_product_attention(q, k, v)
+        return self.out(attended.transpose(1, 2).reshape(1, 8, 32))
+
+
+def test_transformers_recognised_from_sdpa_and_spelled_out_attention(tmp_path, tiny_torch):
+    import onnx
+    import openvino as ov
+
+    example = torch.zeros(1, 8, 32)
+    encoder = SdpaEncoder().eval()
+    ir = ov.convert_model(encoder, example_input=example)
+    assert "ScaledDotProductAttention" in {op.get_type_name() for op in ir.get_ops()}
+    found = detect_model_type(ov_model=ir)
+    assert found.is_transformer and "ScaledDotProductAttention" in found.reason
+    path = tmp_path / "sdpa.onnx"
+    torch.onnx.export(encoder, (example,), str(path), dynamo=False, opset_version=17)
+    found = detect_model_type(onnx_model=onnx.load(str(path)))
+    assert found.is_transformer and "MatMul-Softmax-MatMul" in found.reason
+    assert detect_model_type(ov_model=ov.convert_model(str(path))).is_transformer
+
+    fused = onnx.helper.make_model(onnx.helper.make_graph(
+        [onnx.helper.make_node("MultiHeadAttention", ["q", "k", "v"], ["y"], domain="com.microsoft", num_heads=4)],
+        "g", [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [1, 8, 32]) for n in "qkv"],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 8, 32])]))
+    assert "MultiHeadAttention" in detect_model_type(onnx_model=fused).reason
+
+    cnn, cnn_example = tiny_torch
+    assert not detect_model_type(ov_model=ov.convert_model(cnn, example_input=cnn_example)).is_transformer
+    assert detect_model_type("transformer").reason == "a transformers model"
+
+
+def test_int8_notes_the_detected_transformer(tmp_path, cli):
+    (tmp_path / "enc.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(HERE)!r})\n"
+        "import torch\nfrom test_outputs import SdpaEncoder\n"
+        "def build():\n    torch.manual_seed(0)\n    return SdpaEncoder().eval(), torch.zeros(1, 8, 32)\n")
+    np.savez(tmp_path / "x.npz", input=np.random.default_rng(0).standard_normal((16, 1, 8, 32)).astype(np.float32))
+    out = tmp_path / "out"
+    result = cli("compress", f"{tmp_path / 'enc.py'}:build", "--calib", tmp_path / "x.npz", "--out", out,
+                 "--format", "openvino")
+    assert result.exit_code == 0, result.output
+    notes = json.loads((out / "report.json").read_text())["notes"]
+    assert any("preset=mixed" in n and "model_type=transformer (fused attention op ScaledDotProductAttention)" in n
+               and "chosen by worst-output cosine" in n for n in notes), notes
