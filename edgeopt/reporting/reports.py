@@ -65,6 +65,10 @@ class CompressReport(_Report):
     steps: dict | None  # the step report (measured_with, rows)
     seconds: dict = field(default_factory=dict)  # per stage of the run
     validation: dict | None = _optional()  # with a target: {"target", "passed", "reports": [validation report]}
+    inputs: dict | None = None  # what it was built from (provenance.describe_inputs): model, calibration, ...
+    decisions: dict = field(default_factory=dict)  # measured choices passes made (e.g. "onnx_int8")
+    vs_fp32: dict = field(default_factory=dict)  # per format: size and p50 against FP32 (VsFp32.describe())
+    flagged: dict = field(default_factory=dict)  # per format: ["larger", "slower"] against FP32
 
 
 @dataclass
