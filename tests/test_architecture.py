@@ -8,7 +8,10 @@ from pathlib import Path
 import edgeopt
 
 PACKAGE = Path(edgeopt.__file__).parent
-LEAN_EXTRA = {"edgeopt.errors", "edgeopt.atomic"}  # what edgeopt/device/ may import from outside itself
+# What edgeopt/device/ may import from outside itself: lean, standard-library-only modules.
+LEAN_EXTRA = {"edgeopt.errors", "edgeopt.atomic", "edgeopt.jsonio", "edgeopt.signals", "edgeopt.out_guard"}
+# Modules that read a PyTorch module's forward() signature (the model's inputs), not a pass's.
+FORWARD_SIGNATURE = {"torch_inputs.py", "hf.py"}
 
 
 def _module_name(path: Path) -> str:
@@ -76,6 +79,8 @@ def test_pass_rules_live_in_passes():
             continue
         text = path.read_text(encoding="utf-8")
         for needle in ('.stage == "', "get_pass(s.name).stage", '"qat" in', "== \"qat\"", "inspect.signature"):
+            if needle == "inspect.signature" and str(path.relative_to(PACKAGE)) in FORWARD_SIGNATURE:
+                continue
             if needle in text:
                 offenders.append(f"{path.relative_to(PACKAGE)}: {needle}")
     assert not offenders, offenders
