@@ -99,7 +99,8 @@ def test_good_parameters_build_typed_configs(tmp_path):
     assert (distill.epochs, distill.lr) == (1, 1)
     assert (int8.preset, int8.ignored_scope, int8.subset_size) == ("mixed", ["a"], 300)
     assert parsed.key()[2] == ["int8", {"preset": "mixed", "subset_size": 300, "fast_bias_correction": True,
-                                        "ignored_scope": ["a"], "model_type": "auto"}]
+                                        "ignored_scope": ["a"], "model_type": "auto",
+                                        "smooth_quant_alpha": None}]
 
 
 @pytest.mark.parametrize("text, message", [
@@ -140,5 +141,5 @@ def test_cli_bad_parameter_exits_2_before_the_model_is_loaded(tmp_path, tiny_cal
                           "--out", str(tmp_path / "out")], capture_output=True, text=True)
     assert run.returncode == 2, run.stderr
     lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1 and "step 3" in lines[0] and "int8: preset must be one of performance, mixed" in lines[0]
+    assert len(lines) == 1 and "step 3" in lines[0] and "int8: preset must be one of auto, performance, mixed" in lines[0]
     assert not marker.exists() and not (tmp_path / "out").exists()

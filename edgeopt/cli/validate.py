@@ -46,7 +46,7 @@ def validate(artifact, target, device_spec, import_path, require_device, runs, w
     from edgeopt.reporting.console import print_validation
     from edgeopt.errors import BadInputError
     from edgeopt.source import parse_input_shapes
-    from edgeopt.targets import Measuring
+    from edgeopt.targets import Measuring, load_target, model_in
 
     guard_outputs(None, False, json_out=json_out, junit_out=junit_out)
     if device_spec and import_path:

@@ -78,10 +78,13 @@ def _type_problem(value: Any, annotation: Any) -> str | None:
             return None
         return " or ".join(problems) + (" (or left out)" if len(options) < len(args) else "")
     if origin is Literal:
-        return None if value in args and type(value) is type(args[0]) else "one of " + ", ".join(map(str, args))
+        if value in args and type(value) is type(args[0]):
+            return None
+        kind = f"a {_word(type(args[0]))}, " if not isinstance(value, type(args[0])) else ""
+        return kind + "one of " + ", ".join(map(str, args))
     if origin is list:
         if not isinstance(value, (list, tuple)):
-            return f"a list of {_word(args[0])}s"
+            return f"an array (a list of {_word(args[0])}s)"
         return next((f"a list of {_word(args[0])}s" for v in value if _type_problem(v, args[0])), None)
     if origin is dict:
         if not isinstance(value, dict):
