@@ -196,7 +196,7 @@ class SearchProgress:
         self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                                   console=Console(file=sys.stderr, highlight=False,
                                                   width=None if sys.stderr.isatty() else 200), redirect_stdout=False,
-                                  redirect_stderr=False, disable=quiet)
+                                  redirect_stderr=False, disable=quiet or not sys.stderr.isatty())
 
     def __enter__(self) -> "SearchProgress":
         self._progress.start()
