@@ -158,7 +158,8 @@ def device_result(report, bundle, session: dict) -> dict:
     """The validation report as the device writes it: with the bundle's sha256 (so a result cannot be
     attached to another artifact) and when and under which lock it was measured."""
     manifest = bundle.manifest
-    return {"schema_version": RESULT_SCHEMA, **report.to_dict(),
+    own = {k: v for k, v in report.to_dict().items() if k not in ("schema_version", "report")}
+    return {"schema_version": RESULT_SCHEMA, **own,
             "bundle": {"file": bundle.path.name, "sha256": bundle.sha256, "build_id": manifest["build_id"],
                        "model": manifest["model"], "target": manifest["target"]["name"]},
             "session": session, "timings_ms": list(report.timings_ms)}

@@ -127,7 +127,9 @@ class ValidationReport:
             first_inference_ms=data["first_inference_ms"], load_compile_ms=data["load_compile_ms"],
             rss_before_load_bytes=memory["rss_before_load_bytes"], peak_rss_bytes=memory["peak_rss_bytes"],
             cpus=how["cpus"], kernels=how["kernels"], host=data["host"], emulation_note=data["emulation_note"],
-            notes=data["notes"], checks=[BudgetCheck(**{k: c[k] for k in check_keys}) for c in data["checks"]],
+            notes=data["notes"], checks=[BudgetCheck(**{k: c[k] for k in check_keys},
+                                                      **{k: c[k] for k in ("status", "reason") if k in c})
+                                          for c in data["checks"]],
             target=data["target"], budgets=Budgets.from_dict(data["budgets"]),
             timings_ms=tuple(data["timings_ms"]),
             runtime_latency=LatencyStats(**data["runtime_latency_ms"]) if data["runtime_latency_ms"] else None,
