@@ -175,33 +175,34 @@ def compress_recipe(model: str | Path, calibration: str | Path, recipe: Recipe, 
     try:
         working, baseline, fp32_ir_bytes, fp32_weights = _run_recipe(source, recipe, ctx, formats, timer,
                                                                      observe=recorder)
+        out = Path(out)
+        with atomic.atomic_dir(out) as tmp:
+            with timer("save"):
+                artifacts = save_artifacts(working, tmp, formats)
+            result = CompressResult(tmp, recipe, artifacts, gate=gate, notes=working.notes, seconds=timer.seconds,
+                                    eval_settings=eval_settings, fp32_ir_bytes=fp32_ir_bytes,
+                                    fp32_weight_bytes=fp32_weights,
+                                    weight_bytes={a.format: artifact_weight_bytes(a.path) for a in artifacts},
+                                    steps=recorder.finish() if recorder else None, target=profile, inputs=inputs,
+                                    decisions=working.decisions)
+            with timer("vs fp32"):
+                result.vs_fp32 = compare_with_fp32(artifacts, baseline.graphs.get("openvino"),
+                                                   baseline.graphs.get("onnx"),
+                                                   calib.samples[0])
+            if evaluation is not None:
+                with timer("evaluate"):
+                    _evaluate(result, source, evaluation)
+            if profile is not None and measuring is not None and result.quality_passed:
+                with timer("validate"):
+                    result.validations = [validate_on(profile, a.path, measuring=measuring, input_shapes=shapes)
+                                          for a in artifacts if a.runtime == profile.settings.runtime]
+            result.validations = [replace(v, artifact=str(out / Path(v.artifact).name)) for v in result.validations]
+            atomic.write_text(tmp / "report.json", jsonio.dumps(result.describe(), indent=2))
+        result.out, result.artifacts = out, [a.moved_to(out) for a in artifacts]
+        return result
     finally:
         if recorder:
             recorder.close()
-    out = Path(out)
-    with atomic.atomic_dir(out) as tmp:
-        with timer("save"):
-            artifacts = save_artifacts(working, tmp, formats)
-        result = CompressResult(tmp, recipe, artifacts, gate=gate, notes=working.notes, seconds=timer.seconds,
-                                eval_settings=eval_settings, fp32_ir_bytes=fp32_ir_bytes,
-                                fp32_weight_bytes=fp32_weights,
-                                weight_bytes={a.format: artifact_weight_bytes(a.path) for a in artifacts},
-                                steps=recorder.finish() if recorder else None, target=profile, inputs=inputs,
-                                decisions=working.decisions)
-        with timer("vs fp32"):
-            result.vs_fp32 = compare_with_fp32(artifacts, baseline.graphs.get("openvino"), baseline.graphs.get("onnx"),
-                                               calib.samples[0])
-        if evaluation is not None:
-            with timer("evaluate"):
-                _evaluate(result, source, evaluation)
-        if profile is not None and measuring is not None and result.quality_passed:
-            with timer("validate"):
-                result.validations = [validate_on(profile, a.path, measuring=measuring, input_shapes=shapes)
-                                      for a in artifacts if a.runtime == profile.settings.runtime]
-        result.validations = [replace(v, artifact=str(out / Path(v.artifact).name)) for v in result.validations]
-        atomic.write_text(tmp / "report.json", jsonio.dumps(result.describe(), indent=2))
-    result.out, result.artifacts = out, [a.moved_to(out) for a in artifacts]
-    return result
 
 
 def as_target(target: Target | str | Path | None) -> Target | None:
