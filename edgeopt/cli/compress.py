@@ -110,7 +110,7 @@ def compress(model, calibration, out, formats, precision, recipe, eval_data, max
             click.echo(f"{bundle.path}: {bundle.bytes} bytes, sha256 {bundle.sha256}")
 
 
-def _validate_remote(result, device_spec: str, measuring: Measuring) -> None:
+def _validate_remote(result, device_spec: str, measuring) -> None:
     """Validate the artifact(s) the profile's runtime runs on ``device_spec`` over SSH; add the reports to the
     result and to report.json (atomically)."""
     from pathlib import Path
