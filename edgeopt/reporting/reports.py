@@ -91,3 +91,4 @@ class OptimizeReport(_Report):
     host: dict
     versions: dict
     chosen_files: list[str] | None = _optional()
+    devices: list[dict] | None = _optional()  # with --device: the pool that measured the candidates
