@@ -28,7 +28,7 @@ from sshd_support import start_sshd  # noqa: E402
 from edgeopt.device.host import host_info  # noqa: E402
 from edgeopt.remote.devices import load_device  # noqa: E402
 from edgeopt.remote.run import lean_package, measure, measurement_bundle  # noqa: E402
-from edgeopt.targets import load_target, model_in, validate_on  # noqa: E402
+from edgeopt.targets import Measuring, load_target, model_in, validate_on  # noqa: E402
 
 
 def main() -> None:
@@ -61,7 +61,7 @@ def main() -> None:
             local_s, remote_s = [], []
             for _ in range(args.rounds):
                 start = time.perf_counter()
-                local = validate_on(target, model, runs=args.runs)
+                local = validate_on(target, model, measuring=Measuring(runs=args.runs))
                 local_s.append(time.perf_counter() - start)
                 start = time.perf_counter()
                 remote = measure(device, target, model, runs=args.runs).report

@@ -28,10 +28,10 @@ from edgeopt.device.measure import measure_latency  # noqa: E402
 from edgeopt.device.runtime import RuntimeSettings, open_session, runtime_version  # noqa: E402
 from edgeopt.evaluate import compare_outputs, first_outputs, next_token_fidelity, torch_predictor  # noqa: E402
 from edgeopt.export import save_artifacts  # noqa: E402
-from edgeopt.passes import PassContext, WorkingModel  # noqa: E402
-from edgeopt.passes.weights import weights  # noqa: E402
+from edgeopt.passes.base import PassContext, WorkingModel  # noqa: E402
+from edgeopt.passes.weights import WeightsConfig, weights  # noqa: E402
 from edgeopt.source import load_model  # noqa: E402
-from edgeopt.weight_bytes import artifact_weight_bytes  # noqa: E402
+from edgeopt.formats import artifact_weight_bytes  # noqa: E402
 
 SAMPLES = {"text_encoder": "encoder", "tiny_lm": "lm"}
 VARIANTS = {
@@ -81,10 +81,10 @@ def bench_sample(sample: str, out: Path, settings: RuntimeSettings, runs: int) -
     print(header)
     base_weights = base_file = base_p50 = None
     for name, params in VARIANTS.items():
-        model = WorkingModel(source, ov_model=source.openvino_model())
+        model = WorkingModel(source, graphs={"openvino": source.openvino_model()})
         started = time.perf_counter()
         if params:
-            weights(model, PassContext(calibration=calib), **params)
+            weights(model, PassContext(calibration=calib), WeightsConfig(**params))
         seconds = time.perf_counter() - started
         folder = out / name.replace(" ", "_").replace("+", "_")
         folder.mkdir(parents=True, exist_ok=True)

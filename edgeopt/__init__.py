@@ -4,13 +4,20 @@ Public API (imported lazily so that ``edgeopt.device`` stays free of torch and n
 
     import edgeopt
     result = edgeopt.compress("model.onnx", "calib.npz", out="out/", recipe="int8")
+    result = edgeopt.compress("model.onnx", "calib.npz", out="out/", target="raspberry-pi-4")
+    report = edgeopt.validate("out/", target="raspberry-pi-4")
 """
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "compress": "edgeopt.pipeline",
+    "compress": "edgeopt.api",
+    "validate": "edgeopt.api",
+    "optimize": "edgeopt.api",
     "CompressResult": "edgeopt.pipeline",
+    "Measuring": "edgeopt.targets",
+    "Target": "edgeopt.targets",
+    "load_target": "edgeopt.targets",
     "load_model": "edgeopt.source",
     "load_samples": "edgeopt.data",
     "parse_recipe": "edgeopt.recipe",

@@ -31,10 +31,8 @@ _SUFFIX_TASKS = (("ForSequenceClassification", "text-classification"), ("ForToke
                  ("ForMaskedLM", "fill-mask"), ("ForCausalLM", "text-generation"), ("LMHeadModel", "text-generation"))
 
 
-def load_hf_folder(path: Path, task: str | None, input_shapes: dict):
+def load_hf_folder(path: Path, task: str | None, input_shapes: dict, make_source):
     """A ``SourceModel`` for the model in ``path``, with its tokenizer; ``input_shapes`` may set the length."""
-    from edgeopt.source import torch_source
-
     config_file = path / "config.json"
     if not config_file.is_file():
         raise BadInputError(f"{path}: unknown model format (a folder is read as a Hugging Face model folder, which "
@@ -66,7 +64,7 @@ def load_hf_folder(path: Path, task: str | None, input_shapes: dict):
     length = _length(path, tokenizer, model, input_shapes)
     example = _example(tokenizer, model, length)
     shapes = {name: shape for name, shape in input_shapes.items() if name not in example}
-    return torch_source(path, model, example, shapes, tokenizer=tokenizer, model_type="transformer")
+    return make_source(path, model, example, shapes, tokenizer=tokenizer, model_type="transformer")
 
 
 def _task_from(config: dict) -> str:

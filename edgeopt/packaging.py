@@ -14,16 +14,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from edgeopt import __version__
-from edgeopt.bundle import file_entry, write_bundle
-from edgeopt.device.bundle import SCHEMA, canonical_json
+from edgeopt.bundle_writer import file_entry, write_bundle
+from edgeopt.device.bundle_reader import SCHEMA, canonical_json
+from edgeopt.device.formats import FILE_FORMATS, file_format
 from edgeopt.device.runtime import RuntimeSettings, open_session, runtime_for
 from edgeopt.errors import BadInputError, BudgetError, QualityGateError, first_line
 from edgeopt.provenance import STATEMENT, bundle_provenance, statement
-from edgeopt.targets import Target, load_target, model_in, validate_on
+from edgeopt.targets import Measuring, Target, load_target, model_in, validate_on
 
 VALIDATION = "validation.json"
 COMPRESS_REPORT = "compress_report.json"
-FORMAT_SUFFIX = {"openvino": ".xml", "onnx": ".onnx"}
 
 
 @dataclass(frozen=True)
@@ -37,26 +37,17 @@ class PackageResult:
         return {"bundle": str(self.path), "bytes": self.bytes, "sha256": self.sha256, "manifest": self.manifest}
 
 
-@dataclass(frozen=True)
-class Measurement:
-    """How package measures when no report is given (``validate_on``'s arguments)."""
-
-    runs: int = 300
-    warmup: int = 20
-    min_seconds: float = 2.0
-
-
 def package(artifact: str | Path, target: str | Path | Target, out: str | Path, *,
             formats: tuple[str, ...] | None = None, report: str | Path | dict | None = None,
             build_id: str | None = None,
             preprocess: str | Path | None = None, input_shapes: dict[str, tuple[int, ...]] | None = None,
-            measurement: Measurement = Measurement(), sign=None) -> PackageResult:
+            measuring: Measuring = Measuring(), sign=None) -> PackageResult:
     """Validate ``artifact`` (a model file or an ``edgeopt compress`` folder) on ``target`` and write the
     bundle to ``out``. ``input_shapes`` fill dynamic dimensions (over the target's). Raises ``QualityGateError`` when the compress report's gate failed and ``BudgetError``
     when a budget fails; nothing is written then. ``report``: a validation report (file or ``to_dict()``) of
     this model on this target, used instead of measuring again. ``sign``: a ``edgeopt.signing.Signer``, or the private key
     (file, or ``env:NAME``) to make one with, to sign the manifest."""
-    from edgeopt.device.bundle import open_bundle
+    from edgeopt.device.bundle_reader import open_bundle
     from edgeopt.signing import Signer
     from edgeopt.versions import tool_versions
 
@@ -71,8 +62,7 @@ def package(artifact: str | Path, target: str | Path | Target, out: str | Path, 
     compress_report = _compress_report(artifact)
     models = _models(artifact, primary, formats, target.settings.runtime)
     validation = _load_report(report, primary, target) if report is not None else \
-        validate_on(target, primary, runs=measurement.runs, warmup=measurement.warmup,
-                    min_seconds=measurement.min_seconds, input_shapes=input_shapes).to_dict()
+        validate_on(target, primary, measuring=measuring, input_shapes=input_shapes).to_dict()
     if not validation["passed"]:
         failed = ", ".join(c["name"] for c in validation["checks"] if not c["passed"])
         raise BudgetError(f"{primary}: device budget failed on {target.name} ({failed}); not packaged")
@@ -117,27 +107,26 @@ def _models(artifact: Path, primary: Path, formats: tuple[str, ...] | None, runt
         return [primary]
     models = [primary]
     for fmt in formats:
-        if fmt not in FORMAT_SUFFIX:
-            raise BadInputError(f"--format: unknown format '{fmt}' (use openvino, onnx)")
-        if primary.suffix.lower() == FORMAT_SUFFIX[fmt]:
+        if fmt not in FILE_FORMATS:
+            raise BadInputError(f"--format: unknown format '{fmt}' (use {', '.join(FILE_FORMATS)})")
+        suffix = FILE_FORMATS[fmt].suffix
+        if primary.suffix.lower() == suffix:
             continue
         folder = artifact if artifact.is_dir() else artifact.parent
-        found = sorted(folder.glob(f"*{FORMAT_SUFFIX[fmt]}"))
+        found = sorted(folder.glob(f"*{suffix}"))
         if len(found) != 1:
-            raise BadInputError(f"{folder}: needs exactly one {FORMAT_SUFFIX[fmt]} model for --format {fmt}, "
-                                f"found {len(found)}")
+            raise BadInputError(f"{folder}: needs exactly one {suffix} model for --format {fmt}, found {len(found)}")
         models.append(found[0])
-    if primary.suffix.lower() not in [FORMAT_SUFFIX[f] for f in formats]:
+    if primary.suffix.lower() not in [FILE_FORMATS[f].suffix for f in formats]:
         raise BadInputError(f"--format {','.join(formats)} leaves out {primary.name}, the model {runtime} runs")
     return models
 
 
 def _model_files(model: Path) -> list[Path]:
-    files = [model]
-    if model.suffix.lower() == ".xml":
-        if not model.with_suffix(".bin").is_file():
-            raise BadInputError(f"{model}: the weights file {model.with_suffix('.bin').name} is missing")
-        files.append(model.with_suffix(".bin"))
+    files = list(file_format(model).files(model))
+    for companion in files[1:]:
+        if not companion.is_file():
+            raise BadInputError(f"{model}: the weights file {companion.name} is missing")
     return files
 
 
@@ -148,7 +137,7 @@ def _describe_model(model: Path, primary: Path, runtime: str, compress_report: d
     for entry in (compress_report or {}).get("artifacts", []):
         if entry.get("path") == model.name:
             precision = entry.get("precision")
-    return {"path": model.name, "format": "openvino" if model.suffix.lower() == ".xml" else "onnx",
+    return {"path": model.name, "format": file_format(model).name,
             "runtime": runtime, "precision": precision, "files": [f.name for f in _model_files(model)],
             "inputs": [_tensor(t) for t in session.inputs], "outputs": [_tensor(t) for t in session.outputs]}
 
@@ -178,7 +167,7 @@ def _quality(compress_report: dict | None, models: list[Path]) -> dict | None:
     quality = (compress_report or {}).get("quality")
     if not quality or not quality.get("original"):
         return None
-    names = {"openvino" if m.suffix.lower() == ".xml" else "onnx" for m in models}
+    names = {file_format(m).name for m in models}
     return {"gate": quality.get("gate"), "original": quality.get("original"), "evaluated_with": quality.get("evaluated_with"),
             "artifacts": {k: v for k, v in (quality.get("artifacts") or {}).items() if k in names}}
 

@@ -4,28 +4,33 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from edgeopt import atomic, jsonio
 from edgeopt.data import SampleSet, load_samples
+from edgeopt.device.formats import format_for_runtime, model_suffixes
 from edgeopt.device.host import host_info
-from edgeopt.device.runtime import RuntimeSettings
+from edgeopt.device.runtime import SESSIONS, RuntimeSettings, runtime_for
+from edgeopt.device.validate import ValidationReport
 from edgeopt.errors import BadInputError
 from edgeopt.evaluate import (Quality, QualityGate, all_outputs, language_model_ids, measure_outputs,
                               session_predictor, torch_predictor)
-from edgeopt.export import Artifact, save_artifacts, write_ir
-from edgeopt.passes import PassContext, WorkingModel, get_pass, run_step
+from edgeopt.export import Artifact, save_artifacts, saved_bytes
+from edgeopt.formats import FORMATS, REFERENCE, artifact_weight_bytes, format_of, parse_formats
+from edgeopt.passes.base import PassContext, WorkingModel
+from edgeopt.passes.registry import GRAPH, TORCH
 from edgeopt.provenance import describe_inputs
-from edgeopt.recipe import Recipe, parse_recipe
-from edgeopt.source import SourceModel, load_model, to_onnx, to_openvino
-from edgeopt.step_report import StepRecorder, StepReport
+from edgeopt.recipe import Recipe, Step, build_recipe
+from edgeopt.reporting.reports import CompressReport
+from edgeopt.source import SourceModel, load_model
+from edgeopt.reporting.steps import StepRecorder, StepReport
+from edgeopt.targets import Measuring, Target, load_target, validate_on
 from edgeopt.versions import tool_versions
 from edgeopt.vs_fp32 import VsFp32
 from edgeopt.vs_fp32 import compare as compare_with_fp32
-from edgeopt.weight_bytes import WeightBytes, artifact_weight_bytes, openvino_weight_bytes
+from edgeopt.weight_bytes import WeightBytes
 
 EVAL_SETTINGS = RuntimeSettings(inference_precision="f32", threads=None)
 
@@ -46,6 +51,8 @@ class CompressResult:
     fp32_weight_bytes: WeightBytes | None = None  # weight constants of the FP32 OpenVINO model
     weight_bytes: dict[str, WeightBytes] = field(default_factory=dict)  # per artifact format, as saved
     steps: StepReport | None = None  # figures after each recipe step
+    target: Target | None = None  # the device profile the result is for
+    validations: list[ValidationReport] = field(default_factory=list)  # the artifacts the target runs, measured
     inputs: dict | None = None  # what it was built from (``provenance.describe_inputs``)
     decisions: dict = field(default_factory=dict)  # measured choices passes made (e.g. the ONNX INT8 backend)
     vs_fp32: dict[str, VsFp32] = field(default_factory=dict)  # per format: size and p50 against FP32
@@ -56,17 +63,25 @@ class CompressResult:
         return {fmt: v.flags for fmt, v in self.vs_fp32.items() if v.flags}
 
     def settings_for(self, runtime: str) -> RuntimeSettings:
-        """How artifacts of ``runtime`` are run for evaluation (ONNX Runtime has no precision or hint)."""
-        if runtime == "openvino":
-            return self.eval_settings
+        """How artifacts of ``runtime`` are run for evaluation (a runtime without a precision hint gets none)."""
+        if SESSIONS[runtime].precision_hint:
+            return replace(self.eval_settings, runtime=runtime)
         return RuntimeSettings(runtime=runtime, inference_precision=None, performance_hint=None)
 
     @property
     def quality_passed(self) -> bool:
         return all(ok for ok, _ in self.gate_results.values())
 
+    @property
+    def budgets_passed(self) -> bool:
+        return all(v.passed for v in self.validations)
+
     def describe(self) -> dict:
-        return {
+        return self.report().to_dict()
+
+    def report(self) -> CompressReport:
+        """The typed report (``report.json``)."""
+        return CompressReport(**{
             "recipe": self.recipe.describe(),
             "recipe_steps": [{"name": s.name, "params": s.params} for s in self.recipe.steps],
             "notes": self.notes,
@@ -89,30 +104,61 @@ class CompressResult:
             "versions": tool_versions(),
             "inputs": self.inputs,
             "steps": self.steps.describe() if self.steps else None,
+            "seconds": dict(self.seconds),
+            "validation": {"target": self.target.name, "passed": self.budgets_passed,
+                           "reports": [v.to_dict() for v in self.validations]} if self.validations else None,
             "decisions": self.decisions,
             "vs_fp32": {fmt: v.describe() for fmt, v in self.vs_fp32.items()},
             "flagged": self.flagged,
-        }
+        })
 
 
-def compress(model: str | Path, calibration: str | Path, *, out: str | Path, recipe: str | Recipe = "int8",
-             formats: tuple[str, ...] = ("openvino", "onnx"), eval_data: str | Path | None = None,
+def compress(model: str | Path, calibration: str | Path, *, out: str | Path, recipe: str | Recipe | None = None,
+             precision: str | None = None, target: Target | str | Path | None = None,
+             formats: tuple[str, ...] | None = None, eval_data: str | Path | None = None,
              gate: QualityGate | None = None, input_shapes: dict | None = None, seed: int = 0,
              eval_settings: RuntimeSettings = EVAL_SETTINGS, train_data: str | Path | None = None,
-             step_report: bool | None = None, quiet: bool = False, batch_axes: dict | None = None,
-             task: str | None = None) -> CompressResult:
+             step_report: bool | None = None, quiet: bool = False, measuring: Measuring = Measuring(),
+             weights: Step | None = None, batch_axes: dict | None = None, task: str | None = None) -> CompressResult:
     """Compress ``model`` with ``recipe`` and write the artifacts to ``out`` atomically.
 
-    The quality gate's verdict is in the result (``quality_passed``); callers decide what a failure means.
+    ``recipe``: steps (``"prune,distill,int8"``, a recipe ``.toml``, or a ``Recipe``); ``precision`` is the
+    one-step shorthand (int8, fp16, fp32; default int8). ``target`` (a ``Target``, a profile name or a
+    ``.toml`` path) does what ``--target`` does on the command line: its preferred precision unless the recipe
+    or ``precision`` sets one, its input shapes, its runtime's format required, passes that choose per device
+    (``weights`` mode=auto) see it, and the artifact it runs is validated against its budgets (when the quality
+    gate passed) with ``measuring``. Verdicts are in the result (``quality_passed``, ``budgets_passed``);
+    callers decide what a failure means. ``formats`` default: both, OpenVINO only for an OpenVINO IR input.
     ``train_data`` feeds the torch steps that fine-tune (default: the calibration set). ``step_report`` measures
     the model after every step (default: when the recipe has a PyTorch step). ``batch_axes`` (by input name) and
     ``task`` (for a Hugging Face model folder) go to ``load_model``.
     """
+    profile = as_target(target)
+    return compress_recipe(model, calibration, build_recipe(recipe, precision, weights=weights, target=profile),
+                           out=out, target=profile, formats=formats, eval_data=eval_data, gate=gate,
+                           input_shapes=input_shapes, seed=seed, eval_settings=eval_settings, train_data=train_data,
+                           step_report=step_report, quiet=quiet, measuring=measuring, batch_axes=batch_axes,
+                           task=task)
+
+
+def compress_recipe(model: str | Path, calibration: str | Path, recipe: Recipe, *, out: str | Path,
+                    target: Target | None = None, formats: tuple[str, ...] | None = None,
+                    eval_data: str | Path | None = None, gate: QualityGate | None = None,
+                    input_shapes: dict | None = None, seed: int = 0, eval_settings: RuntimeSettings = EVAL_SETTINGS,
+                    train_data: str | Path | None = None, step_report: bool | None = None, quiet: bool = False,
+                    measuring: Measuring | None = Measuring(), batch_axes: dict | None = None,
+                    task: str | None = None) -> CompressResult:
+    """``compress`` with the recipe exactly as given (the target adds no step); ``measuring=None`` skips the
+    validation on the target (the search measures its candidates itself)."""
     timer = _Timer()
-    recipe = recipe if isinstance(recipe, Recipe) else parse_recipe(recipe)
+    profile = target
+    formats = _formats(model, formats, profile)
+    _check_contracts(recipe, formats, eval_data)
     gate = gate or QualityGate()
+    shapes = {**(profile.input_shapes if profile else {}), **(input_shapes or {})}
     with timer("load"):
-        source = load_model(model, input_shapes, batch_axes, task)
+        axes = {**(getattr(profile, "batch_axes", None) or {}), **(batch_axes or {})}
+        source = load_model(model, shapes, axes, task)
         _check_gated_outputs(source, gate)
         calib = load_samples(calibration, source.inputs, source.tokenizer)
         evaluation = load_samples(eval_data, source.inputs, source.tokenizer) if eval_data else None
@@ -122,100 +168,122 @@ def compress(model: str | Path, calibration: str | Path, *, out: str | Path, rec
             "evaluation": (eval_data, evaluation) if evaluation is not None else None,
             "training": (train_data, train) if train is not None else None})
     if step_report is None:
-        step_report = any(get_pass(s.name).stage == "torch" for s in recipe.steps)
+        step_report = recipe.has_torch_steps
     recorder = StepRecorder(source, evaluation or calib) if step_report else None
+    ctx = PassContext(calibration=calib, seed=seed, evaluation=evaluation, train=train, quiet=quiet, target=profile,
+                      gate=gate)
     try:
-        return _compress(source, recipe, calib, evaluation, train, Path(out), formats, gate, seed, eval_settings,
-                         quiet, recorder, timer, inputs)
+        working, baseline, fp32_ir_bytes, fp32_weights = _run_recipe(source, recipe, ctx, formats, timer,
+                                                                     observe=recorder)
+        out = Path(out)
+        with atomic.atomic_dir(out) as tmp:
+            with timer("save"):
+                artifacts = save_artifacts(working, tmp, formats)
+            result = CompressResult(tmp, recipe, artifacts, gate=gate, notes=working.notes, seconds=timer.seconds,
+                                    eval_settings=eval_settings, fp32_ir_bytes=fp32_ir_bytes,
+                                    fp32_weight_bytes=fp32_weights,
+                                    weight_bytes={a.format: artifact_weight_bytes(a.path) for a in artifacts},
+                                    steps=recorder.finish() if recorder else None, target=profile, inputs=inputs,
+                                    decisions=working.decisions)
+            with timer("vs fp32"):
+                result.vs_fp32 = compare_with_fp32(artifacts, baseline.graphs.get("openvino"),
+                                                   baseline.graphs.get("onnx"),
+                                                   calib.samples[0])
+            if evaluation is not None:
+                with timer("evaluate"):
+                    _evaluate(result, source, evaluation)
+            if profile is not None and measuring is not None and result.quality_passed:
+                with timer("validate"):
+                    result.validations = [validate_on(profile, a.path, measuring=measuring, input_shapes=shapes)
+                                          for a in artifacts if a.runtime == profile.settings.runtime]
+            result.validations = [replace(v, artifact=str(out / Path(v.artifact).name)) for v in result.validations]
+            atomic.write_text(tmp / "report.json", jsonio.dumps(result.describe(), indent=2))
+        result.out, result.artifacts = out, [a.moved_to(out) for a in artifacts]
+        return result
     finally:
         if recorder:
             recorder.close()
 
 
-def _compress(source, recipe, calib, evaluation, train, out, formats, gate, seed, eval_settings, quiet, recorder,
-              timer, inputs) -> CompressResult:
-    working, baseline, fp32_ir_bytes, fp32_weights = _run_recipe(source, recipe, calib, formats, seed, timer,
-                                                                 evaluation, train=train, quiet=quiet,
-                                                                 observe=recorder)
-    with atomic.atomic_dir(out) as tmp:
-        with timer("save"):
-            artifacts = save_artifacts(working, tmp, formats)
-        result = CompressResult(tmp, recipe, artifacts, gate=gate, notes=working.notes, seconds=timer.seconds,
-                                eval_settings=eval_settings, fp32_ir_bytes=fp32_ir_bytes,
-                                fp32_weight_bytes=fp32_weights,
-                                weight_bytes={a.format: artifact_weight_bytes(a.path) for a in artifacts},
-                                steps=recorder.finish() if recorder else None, inputs=inputs,
-                                decisions=working.decisions)
-        with timer("vs fp32"):
-            result.vs_fp32 = compare_with_fp32(artifacts, baseline.ov_model, baseline.onnx_model, calib.samples[0])
-        if evaluation is not None:
-            with timer("evaluate"):
-                _evaluate(result, source, evaluation)
-        atomic.write_text(tmp / "report.json", jsonio.dumps(result.describe() | {"seconds": timer.seconds}, indent=2))
-    result.out, result.artifacts = out, [a.moved_to(out) for a in artifacts]
-    return result
+def as_target(target: Target | str | Path | None) -> Target | None:
+    """A loaded profile from a ``Target``, a name or a ``.toml`` path."""
+    return target if target is None or isinstance(target, Target) else load_target(target)
 
 
-def _run_recipe(source: SourceModel, recipe: Recipe, calib: SampleSet, formats: tuple[str, ...], seed: int,
-                timer: "_Timer", evaluation: SampleSet | None = None, *, train: SampleSet | None = None,
-                quiet: bool = False, observe: StepRecorder | None = None
-                ) -> tuple[WorkingModel, WorkingModel, int, WeightBytes]:
-    """Run torch steps, convert, run graph steps; also return the original model as converted (FP32), its FP32 IR
-    size and weight bytes."""
-    torch_steps = [s for s in recipe.steps if get_pass(s.name).stage == "torch"]
-    graph_steps = [s for s in recipe.steps if get_pass(s.name).stage == "graph"]
+def _formats(model: str | Path, formats: tuple[str, ...] | str | None, target: Target | None) -> tuple[str, ...]:
+    if isinstance(formats, str):
+        formats = parse_formats(formats)
+    if formats is None:
+        native = format_of(model).name if Path(model).suffix.lower() in model_suffixes() else None
+        formats = (REFERENCE,) if native == REFERENCE else tuple(FORMATS)
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown:
+        raise BadInputError(f"unknown format(s) {', '.join(unknown)} (known: {', '.join(FORMATS)})")
+    if target is not None:
+        needed = format_for_runtime(target.settings.runtime).name
+        if needed not in formats:
+            raise BadInputError(f"target {target.name} runs {target.settings.runtime}: --format must include {needed}")
+    return tuple(formats)
+
+
+def _check_contracts(recipe: Recipe, formats: tuple[str, ...], eval_data) -> None:
+    """What the passes declare they need, checked before anything is loaded."""
+    for step in recipe.steps:
+        info = step.info
+        if info.needs_eval and not eval_data:
+            raise BadInputError(f"{step.name}: needs evaluation data (--eval)")
+        refused = [f for f in formats if info.stage == GRAPH and f not in info.formats]
+        if refused:
+            labels = ", ".join(FORMATS[f].label for f in info.formats)
+            raise BadInputError(f"{step.name}: runs on {labels} only; ask for --format {','.join(info.formats)}")
+
+
+def _run_recipe(source: SourceModel, recipe: Recipe, ctx: PassContext, formats: tuple[str, ...], timer: "_Timer",
+                observe: StepRecorder | None = None) -> tuple[WorkingModel, int, WeightBytes]:
+    """Run torch steps, convert, run graph steps; also return the original model's FP32 IR size and weight
+    bytes."""
+    torch_steps, graph_steps = recipe.stage(TORCH), recipe.stage(GRAPH)
     if torch_steps and source.kind != "torch":
         raise BadInputError(f"{source.path}: {', '.join(s.name for s in torch_steps)} need(s) a PyTorch model "
                             f"(given {source.kind}); ONNX and OpenVINO IR have no training graph")
-    first_graph = min((recipe.steps.index(s) for s in graph_steps), default=len(recipe.steps))
-    if any(recipe.steps.index(s) > first_graph for s in torch_steps):
-        raise BadInputError(f"recipe '{recipe.describe()}': PyTorch steps must come before graph steps")
-    if "qat" in recipe.names and graph_steps:
-        raise BadInputError(f"recipe '{recipe.describe()}': qat already quantizes the model to INT8; drop "
-                            f"{', '.join(s.name for s in graph_steps)} after it")
-    ctx = PassContext(calibration=calib, seed=seed, evaluation=evaluation, train=train, quiet=quiet)
     working = WorkingModel(source, torch_module=copy.deepcopy(source.torch_module) if source.kind == "torch" else None)
     observe = observe or (lambda label, model: None)
     with timer("step report"):
         observe("original", working)
     for step in torch_steps:
         with timer(step.name):
-            run_step(step, working, ctx)
+            step.info.run(working, ctx, step.config)
         with timer("step report"):
             observe(step.describe(), working)
+    reference = FORMATS[REFERENCE]
     with timer("convert"):
-        if source.kind == "torch":
-            working.ov_model = to_openvino(working.torch_module, source.example_input, source.input_names,
-                                           source.output_names)
-            if "onnx" in formats:
-                working.onnx_model = to_onnx(working.torch_module, source.example_input, source.input_names,
-                                             source.output_names)
-        else:
-            working.ov_model = source.openvino_model()
-            if "onnx" in formats:
-                working.onnx_model = source.onnx_model()
+        for name in dict.fromkeys((REFERENCE, *formats)):
+            fmt = FORMATS[name]
+            working.graphs[name] = (fmt.from_torch(working.torch_module, source.example_input, source.input_names,
+                                                   source.output_names)
+                                    if source.kind == "torch" else fmt.from_source(source))
     # Size baselines are the original model's, not the model after pruning.
-    original_ov = working.ov_model if not torch_steps else to_openvino(source.torch_module, source.example_input,
-                                                                       source.input_names)
-    original_onnx = None
-    if "onnx" in formats:
-        original_onnx = working.onnx_model if not torch_steps else to_onnx(source.torch_module, source.example_input,
-                                                                           source.input_names, source.output_names)
+    originals = dict(working.graphs) if not torch_steps else {
+        name: FORMATS[name].from_torch(source.torch_module, source.example_input, source.input_names,
+                                       source.output_names) for name in working.graphs}
     # Some graph passes change the model in place (nncf.compress_weights on OpenVINO): keep copies.
-    baseline = WorkingModel(source, ov_model=original_ov.clone(), onnx_model=_copy_onnx(original_onnx))
-    fp32_ir_bytes = ir_bytes(original_ov, compress_to_fp16=False)
-    fp32_weights = openvino_weight_bytes(original_ov)
+    baseline = WorkingModel(source, graphs={name: _copy_graph(name, g) for name, g in originals.items()})
+    original = originals[REFERENCE]
+    fp32_ir_bytes = saved_bytes(original, REFERENCE, float_weights_fp16=False)
+    fp32_weights = reference.count_weights(original)
     for step in graph_steps:
         with timer(step.name):
-            run_step(step, working, ctx)
+            step.info.run(working, ctx, step.config)
         with timer("step report"):
             observe(step.describe(), working)
     return working, baseline, fp32_ir_bytes, fp32_weights
 
 
-def _copy_onnx(model):
-    if model is None:
-        return None
+def _copy_graph(name: str, model):
+    if name == "openvino":
+        return model.clone()
+    if name != "onnx":
+        return model
     import onnx
 
     copied = onnx.ModelProto()
@@ -249,18 +317,11 @@ def _check_gated_outputs(source: SourceModel, gate: QualityGate) -> None:
                             f"{', '.join(source.output_names)}")
 
 
-def ir_bytes(ov_model, compress_to_fp16: bool) -> int:
-    """Size on disk of ``ov_model`` saved as IR (.xml + .bin)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        return write_ir(ov_model, Path(tmp) / "model.xml", compress_to_fp16)
-
-
 def _original_predictor(source: SourceModel, settings: RuntimeSettings):
     if source.kind == "torch":
         return torch_predictor(source.torch_module, source.input_names)
-    if source.kind == "onnx":
-        return session_predictor(source.path, RuntimeSettings(runtime="onnxruntime"))
-    return session_predictor(source.path, settings)
+    native = runtime_for(source.path)  # the original in the runtime its format is native to
+    return session_predictor(source.path, settings if native == settings.runtime else RuntimeSettings(runtime=native))
 
 
 class _Timer:

@@ -100,7 +100,7 @@ def _update(digest, name: str, array) -> None:
 
 def profile_digest(target) -> str:
     """sha256 of the resolved profile (every inherited value filled in) as canonical JSON, without its path."""
-    from edgeopt.device.bundle import canonical_json
+    from edgeopt.device.bundle_reader import canonical_json
 
     described = target.describe()
     described.pop("source")

@@ -9,6 +9,10 @@ A recipe file::
     [[step]]
     name = "int8"
     preset = "mixed"
+
+Every step is parsed into its pass's typed config (``edgeopt.passes.<pass>``): unknown steps, unknown
+parameters and wrong types, ranges or choices are one-line errors here, before any model is loaded. The rules
+between steps (PyTorch steps first, one step that decides the precision) are checked here too.
 """
 
 from __future__ import annotations
@@ -18,16 +22,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edgeopt.errors import BadInputError, first_line
+from edgeopt.passes.config import StepConfig
+from edgeopt.passes.registry import GRAPH, TORCH, PassInfo, get_pass
 
 
 @dataclass(frozen=True)
 class Step:
+    """One recipe step: the parameters as given (for reports) and the typed config built from them."""
+
     name: str
     params: dict = field(default_factory=dict)
+    config: StepConfig | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.config is None:
+            object.__setattr__(self, "config", get_pass(self.name).config.from_params(self.params))
+
+    @property
+    def info(self) -> PassInfo:
+        return get_pass(self.name)
 
     def describe(self) -> str:
         args = ", ".join(f"{k}={v}" for k, v in sorted(self.params.items()))
         return f"{self.name}({args})" if args else self.name
+
+
+def make_step(name: str, params: dict | None = None, *, source: str = "") -> Step:
+    """Build and check a step; errors name ``source`` (the recipe file, or the option that made the step)."""
+    try:
+        return Step(name, dict(params or {}))
+    except BadInputError as exc:
+        raise BadInputError(f"{source}: {exc}" if source else str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -41,11 +66,43 @@ class Recipe:
     def describe(self) -> str:
         return " → ".join(step.describe() for step in self.steps) or "none (FP32)"
 
+    def stage(self, stage: str) -> list[Step]:
+        return [step for step in self.steps if step.info.stage == stage]
+
+    @property
+    def sets_precision(self) -> bool:
+        """Whether a step decides the output precision (a graph quantizer, FP16, weights, QAT)."""
+        return any(step.info.sets_precision for step in self.steps)
+
+    @property
+    def has_torch_steps(self) -> bool:
+        return bool(self.stage(TORCH))
+
+    def then(self, *steps: Step) -> "Recipe":
+        """This recipe followed by ``steps``, checked as a whole."""
+        return checked(Recipe(self.steps + steps))
+
+    def key(self) -> list:
+        """Every parameter of every step, defaults included: what cache keys hash."""
+        return [[step.name, step.config.to_dict()] for step in self.steps]
+
+
+def checked(recipe: Recipe) -> Recipe:
+    """Apply the rules between steps, from the passes' declared contracts."""
+    torch_steps, graph_steps = recipe.stage(TORCH), recipe.stage(GRAPH)
+    first_graph = min((recipe.steps.index(s) for s in graph_steps), default=len(recipe.steps))
+    if any(recipe.steps.index(s) > first_graph for s in torch_steps):
+        raise BadInputError(f"recipe '{recipe.describe()}': PyTorch steps must come before graph steps")
+    deciding = [s for s in recipe.steps if s.info.sets_precision]
+    if len(deciding) > 1:
+        later = ", ".join(s.name for s in deciding[1:])
+        raise BadInputError(f"recipe '{recipe.describe()}': {deciding[0].name} already sets the model's precision: "
+                            f"more than one precision step ({', '.join(s.name for s in deciding)}); drop {later}")
+    return recipe
+
 
 def parse_recipe(text: str) -> Recipe:
-    """Parse ``a,b,c`` or the path of a TOML recipe file; step names are checked against the registry."""
-    from edgeopt.passes import check_step
-
+    """Parse ``a,b,c`` or the path of a TOML recipe file into checked, typed steps."""
     path = Path(text)
     if path.suffix == ".toml":
         if not path.is_file():
@@ -66,20 +123,38 @@ def parse_recipe(text: str) -> Recipe:
             name = params.pop("name", None)
             if not isinstance(name, str):
                 raise BadInputError(f"{path}: step {index + 1} has no name")
-            steps.append(Step(name, params))
+            steps.append(make_step(name, params, source=f"{path}: step {index + 1}"))
     else:
-        steps = [Step(name.strip()) for name in text.split(",") if name.strip()]
-    for step in steps:
-        check_step(step, source=text)
-    _refuse_repeated_precision(steps, text)
-    return Recipe(tuple(steps))
+        steps = [make_step(name.strip(), source=text) for name in text.split(",") if name.strip()]
+    return checked(Recipe(tuple(steps)))
 
 
-def _refuse_repeated_precision(steps: list[Step], source: str) -> None:
-    """``int8,int8`` or ``int8,fp16``: a model gets one precision step; a second would be silently ignored
-    or stacked."""
-    from edgeopt.passes import get_pass
+PRECISION_STEPS = {"int8": "int8", "fp16": "fp16", "fp32": None}  # --precision shorthand -> the step it means
 
-    graph = [s.name for s in steps if get_pass(s.name).stage == "graph"]
-    if len(graph) > 1:
-        raise BadInputError(f"recipe '{source}': more than one precision step ({', '.join(graph)}); give one")
+
+def build_recipe(recipe: str | Recipe | None = None, precision: str | None = None, *, weights: Step | None = None,
+                 target=None) -> Recipe:
+    """The recipe a compress run executes, from a recipe, the ``--precision`` shorthand, a ``weights`` step
+    (``--weights``) and a device profile (its preferred precision when nothing else sets one)."""
+    parsed = recipe if isinstance(recipe, Recipe) else parse_recipe(recipe) if recipe else None
+    if precision is not None and precision not in PRECISION_STEPS:
+        raise BadInputError(f"--precision: must be one of {', '.join(PRECISION_STEPS)}, got {precision!r}")
+    if target is not None and precision is not None and precision not in target.precisions:
+        raise BadInputError(f"--precision {precision}: target {target.name} supports {', '.join(target.precisions)}")
+    if weights is not None:
+        if precision is not None:
+            raise BadInputError("give either --precision or --weights, not both")
+        base = parsed or Recipe(())
+        if base.sets_precision:
+            raise BadInputError("give either --weights or a recipe with a precision step, not both")
+        return base.then(weights)
+    if parsed is not None and parsed.sets_precision:
+        if precision is not None:
+            raise BadInputError("give either --precision or a recipe with a precision step, not both")
+        return parsed
+    if precision is None and parsed is not None and target is None:
+        return parsed  # a recipe without a precision step keeps the model in FP32
+    if precision is None:
+        precision = target.precisions[0] if target is not None else "int8"
+    step = PRECISION_STEPS[precision]
+    return (parsed or Recipe(())).then(*([make_step(step)] if step else []))

@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgeopt.device.bundle import canonical_json
+from edgeopt.device.bundle_reader import canonical_json
 from edgeopt.device.signature import ALGORITHM, SIGNATURE_SCHEMA, PublicKey, public_keys_in
 from edgeopt.errors import BadInputError, first_line
 

@@ -94,7 +94,7 @@ def load_model(spec: str | Path, input_shapes: dict[str, tuple[int, ...]] | None
     if path.is_dir():
         from edgeopt.hf import load_hf_folder
 
-        source = load_hf_folder(path, task, input_shapes)
+        source = load_hf_folder(path, task, input_shapes, torch_source)
     elif factory:
         source = _load_torch_factory(path, factory, input_shapes)
     elif suffix == ".onnx":

@@ -110,6 +110,19 @@ class Target:
 
 
 @dataclass(frozen=True)
+class Measuring:
+    """How an artifact is measured on a device (or emulated here): at least ``runs`` timed inferences after
+    ``warmup`` untimed ones, and timing for at least ``min_seconds``."""
+
+    runs: int = 300
+    warmup: int = 20
+    min_seconds: float = 2.0
+
+    def describe(self) -> dict:
+        return {"runs": self.runs, "warmup": self.warmup, "min_seconds": self.min_seconds, "batch": 1}
+
+
+@dataclass(frozen=True)
 class Emulation:
     """How this host stands in for a device it is not: settings to use, CPUs to pin, ISA cap, and the note."""
 
@@ -366,9 +379,8 @@ def _shapes(path: Path, table: dict) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def validate_on(target: Target, model_path: str | os.PathLike, *, runs: int = 300, warmup: int = 20,
-                min_seconds: float = 2.0, input_shapes: dict[str, tuple[int, ...]] | None = None,
-                host: HostInfo | None = None):
+def validate_on(target: Target, model_path: str | os.PathLike, *, measuring: Measuring = Measuring(),
+                input_shapes: dict[str, tuple[int, ...]] | None = None, host: HostInfo | None = None):
     """Validate ``model_path`` against ``target``'s budgets with its settings, emulating the device when this
     host is not it (``plan_emulation``); returns a ``ValidationReport``."""
     from edgeopt.device.host import host_info
@@ -378,8 +390,8 @@ def validate_on(target: Target, model_path: str | os.PathLike, *, runs: int = 30
 
     def measure():
         report = validate_artifact(
-            model_path, emulation.settings if emulation else target.settings, target.budgets, runs=runs,
-            warmup=warmup, min_seconds=min_seconds, emulation_note=emulation.note if emulation else None,
+            model_path, emulation.settings if emulation else target.settings, target.budgets, runs=measuring.runs,
+            warmup=measuring.warmup, min_seconds=measuring.min_seconds, emulation_note=emulation.note if emulation else None,
             cpus=emulation.cpus if emulation else None, max_isa=emulation.max_isa if emulation else None,
             input_shapes={**target.input_shapes, **(input_shapes or {})}, target=target.name,
         )
@@ -416,11 +428,15 @@ def _spread_failed_busy(report) -> bool:
 
 
 def model_in(path: str | os.PathLike, runtime: str) -> Path:
-    """``path`` itself, or the one model file in folder ``path`` that ``runtime`` runs (.xml first for OpenVINO)."""
+    """``path`` itself, or the one model file in folder ``path`` that ``runtime`` runs (its native format first)."""
+    from edgeopt.device.formats import FILE_FORMATS
+    from edgeopt.device.runtime import SESSIONS
+
     path = Path(path)
     if not path.is_dir():
         return path
-    suffixes = (".xml", ".onnx") if runtime == "openvino" else (".onnx",)
+    opens = sorted(SESSIONS[runtime].opens, key=lambda name: FILE_FORMATS[name].runtime != runtime)
+    suffixes = tuple(FILE_FORMATS[name].suffix for name in opens)
     for suffix in suffixes:
         found = sorted(path.glob(f"*{suffix}"))
         if len(found) == 1:

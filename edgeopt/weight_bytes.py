@@ -9,9 +9,7 @@ not weights and are left out. Unlike file size this excludes the graph descripti
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
-from edgeopt.errors import BadInputError
 
 _NOT_WEIGHTS = {"i32", "i64", "boolean", "int32", "int64", "bool"}
 
@@ -53,17 +51,3 @@ def onnx_weight_bytes(model) -> WeightBytes:
         size = len(tensor.raw_data) if tensor.HasField("raw_data") else numpy_helper.to_array(tensor).nbytes
         by_type[kind] = by_type.get(kind, 0) + size
     return WeightBytes(sum(by_type.values()), by_type)
-
-
-def artifact_weight_bytes(path: str | Path) -> WeightBytes:
-    """Weight bytes of a saved model: OpenVINO ``.xml`` (+ ``.bin``) or ``.onnx``."""
-    path = Path(path)
-    if path.suffix.lower() == ".xml":
-        import openvino as ov
-
-        return openvino_weight_bytes(ov.Core().read_model(str(path)))
-    if path.suffix.lower() == ".onnx":
-        import onnx
-
-        return onnx_weight_bytes(onnx.load(str(path)))
-    raise BadInputError(f"{path}: not a model file (expected .xml or .onnx)")

@@ -76,11 +76,11 @@ def digits_report(tmp_path_factory, runtime: str = "openvino") -> Path:
     """A validation report (as ``edgeopt validate --json`` writes it) of the digits artifact on the loose target."""
     path = session_dir(tmp_path_factory) / f"validation-{runtime}.json"
     if not path.exists():
-        from edgeopt.targets import load_target, model_in, validate_on
+        from edgeopt.targets import Measuring, load_target, model_in, validate_on
 
         target = load_target(loose_target(tmp_path_factory, runtime))
         model = model_in(digits_artifact(tmp_path_factory), runtime)
-        report = validate_on(target, model, runs=20, warmup=2, min_seconds=0.0)
+        report = validate_on(target, model, measuring=Measuring(runs=20, warmup=2, min_seconds=0.0))
         path.write_text(json.dumps(report.to_dict()))
     return path
 

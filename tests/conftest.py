@@ -92,3 +92,38 @@ def cli():
 
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+
+REPORT_SCHEMA = ROOT / "docs" / "report.schema.json"
+REPORT_KINDS = {"compress", "validation", "validations", "optimize"}
+
+
+def report_schema_errors(data) -> list[str]:
+    """Where ``data`` breaks docs/report.schema.json (empty when it conforms)."""
+    import json
+
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(json.loads(REPORT_SCHEMA.read_text(encoding="utf-8")))
+    return [f"{'/'.join(map(str, e.absolute_path)) or '(top)'}: {e.message[:200]}" for e in validator.iter_errors(data)]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def every_written_report_matches_the_schema(tmp_path_factory):
+    """After the suite: every JSON report any test made edgeopt write validates against the published schema."""
+    yield
+    import json
+
+    problems = []
+    checked = 0
+    for path in sorted(tmp_path_factory.getbasetemp().rglob("*.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            continue
+        # a report.json edgeopt did not write (a test's planted file) has no report kind: not ours to check
+        if isinstance(data, dict) and (data.get("report") in REPORT_KINDS
+                                       or (path.name == "report.json" and "schema_version" in data)):
+            checked += 1
+            problems += [f"{path}: {error}" for error in report_schema_errors(data)[:3]]
+    assert not problems, "reports that break docs/report.schema.json:\n" + "\n".join(problems[:20])

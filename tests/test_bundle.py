@@ -13,8 +13,8 @@ from bundle_support import (FAST, digits_artifact, digits_bundle, digits_report,
                             write_tar)
 from conftest import ROOT
 
-from edgeopt.bundle import write_bundle
-from edgeopt.device.bundle import MANIFEST, canonical_json, open_bundle
+from edgeopt.bundle_writer import write_bundle
+from edgeopt.device.bundle_reader import MANIFEST, canonical_json, open_bundle
 from edgeopt.errors import BadInputError
 
 

@@ -145,7 +145,7 @@ def test_counter_numbers_inside_names_are_renumbered(tiny_ir, tmp_path):
     two copies that differ only in those numbers must save byte-identical."""
     import openvino as ov
 
-    from edgeopt.export import canonicalize_names
+    from edgeopt.formats import FORMATS
 
     saved = []
     for counter in (7, 987654):
@@ -153,7 +153,7 @@ def test_counter_numbers_inside_names_are_renumbered(tiny_ir, tmp_path):
         ops = model.get_ordered_ops()
         ops[1].set_friendly_name(f"Multiply_{counter}")
         ops[2].set_friendly_name(f"Multiply_{counter}/fq_weights_1")
-        canonicalize_names(model)
+        FORMATS["openvino"].canonicalize(model)
         assert ops[2].get_friendly_name() == ops[1].get_friendly_name() + "/fq_weights_1"
         ov.save_model(model, tmp_path / f"{counter}.xml", compress_to_fp16=False)
         saved.append((tmp_path / f"{counter}.xml").read_bytes())

@@ -14,8 +14,8 @@ import pytest
 from bundle_support import digits_bundle, lean_edgeopt, runtime_venv
 from conftest import ROOT
 
-from edgeopt.bundle import write_bundle
-from edgeopt.device.bundle import open_bundle
+from edgeopt.bundle_writer import write_bundle
+from edgeopt.device.bundle_reader import open_bundle
 
 FAST = ("--runs", "50", "--warmup", "5", "--min-seconds", "0")
 HEAVY = ("torch", "nncf", "click", "rich", "onnx", "sklearn", "matplotlib", "PIL", "torch_pruning", "psutil", "scipy")

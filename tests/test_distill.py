@@ -99,7 +99,7 @@ def test_distill_step_uses_train_data_and_bad_params_exit_2(cli, tiny_factory, t
     assert described["steps"] is None
     recipe.write_text('[[step]]\nname = "distill"\nalpha = 2.0\n')
     result = cli("compress", tiny_factory, "--calib", tiny_calib, "--recipe", recipe, "--out", tmp_path / "bad")
-    assert result.exit_code == 2 and "alpha must lie in [0, 1]" in result.stderr
+    assert result.exit_code == 2 and "distill: alpha must be in [0, 1]" in result.stderr
     assert not (tmp_path / "bad").exists()
 
 
@@ -122,13 +122,13 @@ def test_qat_exports_int8_to_openvino_and_onnx(cli, tiny_factory, tiny_calib, tm
 
 def test_qat_followed_by_int8_is_rejected(cli, tiny_factory, tiny_calib, tmp_path):
     result = cli("compress", tiny_factory, "--calib", tiny_calib, "--recipe", "qat,int8", "--out", tmp_path / "out")
-    assert result.exit_code == 2 and "qat already quantizes the model to INT8" in result.stderr
+    assert result.exit_code == 2 and "qat already sets the model's precision" in result.stderr
     assert not (tmp_path / "out").exists()
 
 
 def test_distill_on_a_torchscript_model_is_a_clear_error(tmp_path, tiny_calib):
-    from edgeopt.passes import PassContext, WorkingModel
-    from edgeopt.passes.distill import distill
+    from edgeopt.passes.base import PassContext, WorkingModel
+    from edgeopt.passes.distill import DistillStepConfig, distill
 
     scripted = torch.jit.trace(TinyNet().eval(), torch.zeros(1, 1, 8, 8))
     path = tmp_path / "tiny.pt"
@@ -137,7 +137,7 @@ def test_distill_on_a_torchscript_model_is_a_clear_error(tmp_path, tiny_calib):
     model = WorkingModel(source, torch_module=copy.deepcopy(source.torch_module))
     ctx = PassContext(calibration=load_samples(tiny_calib, source.inputs))
     with pytest.raises(BadInputError, match="needs a PyTorch nn.Module from file.py:factory"):
-        distill(model, ctx)
+        distill(model, ctx, DistillStepConfig())
 
 
 def test_sample_set_without_labels_gives_no_training_labels():

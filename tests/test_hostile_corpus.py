@@ -483,7 +483,7 @@ def _cores_zero(ctx: Ctx) -> Path:
 
 def bomb(ctx: Ctx, megabytes: int = 100) -> Path:
     """A small bundle whose manifest honestly lists a huge zero-filled file."""
-    from edgeopt.device.bundle import canonical_json
+    from edgeopt.device.bundle_reader import canonical_json
 
     manifest = json.loads(_member(ctx.bundle, "manifest.json"))
     size = megabytes * 1_000_000

@@ -317,7 +317,7 @@ def test_damaged_cache_entry_is_dropped_with_a_warning_and_rebuilt(damage, built
 
 def test_internal_error_log_is_private_and_never_follows_a_planted_link(tmp_path, monkeypatch, tiny_onnx,
                                                                          tiny_calib, cli):
-    import edgeopt.pipeline
+    import edgeopt.api
 
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
@@ -329,7 +329,7 @@ def test_internal_error_log_is_private_and_never_follows_a_planted_link(tmp_path
     def broken(*args, **kwargs):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(edgeopt.pipeline, "compress", broken)
+    monkeypatch.setattr(edgeopt.api, "compress", broken)  # what the command line calls
     result = cli("compress", tiny_onnx, "--calib", tiny_calib, "--out", tmp_path / "out")
     assert result.exit_code == 1
     message = result.stderr.strip()

@@ -77,6 +77,12 @@ def test_rerun_reuses_cached_artifacts_and_measurements(digits, tmp_path):
 
 def test_reports_are_written_and_well_formed(digits):
     _, out, _, report = digits
+    from conftest import report_schema_errors
+
+    from edgeopt.reporting.reports import OptimizeReport
+
+    assert report_schema_errors(report) == [] and OptimizeReport.from_dict(report).to_dict() == report
+    assert OptimizeReport.from_dict(OptimizeReport.from_dict(report).to_dict()) == OptimizeReport.from_dict(report)
     for name in ("latency.png", "tradeoff.png"):
         assert (out / name).read_bytes().startswith(PNG_MAGIC)
     markdown = (out / "report.md").read_text()
@@ -197,7 +203,7 @@ def test_default_plan_follows_the_careful_order(tmp_path):
     stages = load_plan()
     assert [s.name for s in stages][:3] == ["baseline", "cheap wins", "accuracy-controlled INT8"]
     labels = [c.label for s in stages for c in s.candidates]
-    assert labels.index("fp16") < labels.index("int8") < labels.index("int8-ac") < labels.index("weights-int8")
+    assert labels.index("fp16") < labels.index("int8") < labels.index("int8-ac") < labels.index("weights")
     assert stages[-1].candidates[-1].recipe.names[:2] == ["prune", "distill"]
     bad = tmp_path / "plan.toml"
     bad.write_text('[[stage]]\nname = "a"\n[[stage.candidate]]\nlabel = "x"\nprecision = "fp32"\nsteps = []\n'

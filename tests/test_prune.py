@@ -13,8 +13,9 @@ import torch_pruning as tp
 from edgeopt.data import load_samples
 from edgeopt.device.runtime import RuntimeSettings, open_session, random_feeds
 from edgeopt.errors import BadInputError
-from edgeopt.passes import PassContext, WorkingModel
-from edgeopt.passes.prune import prune, sparsify
+from edgeopt.passes.base import PassContext, WorkingModel
+from edgeopt.passes.prune import PruneConfig, prune
+from edgeopt.passes.sparsify import SparsifyConfig, sparsify
 from edgeopt.pipeline import compress
 from edgeopt.source import load_model
 
@@ -35,7 +36,7 @@ def test_prune_removes_channels_keeps_output_shape(working):
     model, ctx = working
     example = model.source.example_input
     params_before, macs_before = _counts(model.torch_module, example)
-    prune(model, ctx, ratio=0.5)
+    prune(model, ctx, PruneConfig(ratio=0.5))
     net = model.torch_module
     assert (net.conv1.out_channels, net.conv2.in_channels, net.conv2.out_channels) == (4, 4, 8)
     assert (net.head.in_features, net.head.out_features) == (8 * 4 * 4, 10)  # the output layer keeps its classes
@@ -48,16 +49,16 @@ def test_prune_removes_channels_keeps_output_shape(working):
 
 def test_prune_per_layer_ratios_ignored_layers_and_global(working):
     model, ctx = working
-    prune(model, ctx, ratio=0.5, ignored_layers=["conv1"], layer_ratios={"conv2": 0.25})
+    prune(model, ctx, PruneConfig(ratio=0.5, ignored_layers=["conv1"], layer_ratios={"conv2": 0.25}))
     assert (model.torch_module.conv1.out_channels, model.torch_module.conv2.out_channels) == (8, 12)
     model.torch_module = copy.deepcopy(model.source.torch_module)
-    prune(model, ctx, ratio=0.5, scope="global", importance="l1")
+    prune(model, ctx, PruneConfig(ratio=0.5, scope="global", importance="l1"))
     remaining = model.torch_module.conv1.out_channels + model.torch_module.conv2.out_channels
     assert remaining == 12  # half of the 24 prunable channels, wherever they are least important
 
 
 @pytest.mark.parametrize("params, message", [
-    ({"ratio": 1.5}, "ratio must be a number"),
+    ({"ratio": 1.5}, r"ratio must be in \[0, 1\)"),
     ({"scope": "row"}, "scope must be"),
     ({"importance": "taylor2"}, "importance must be one of"),
     ({"ignored_layers": ["nope"]}, "no module named nope"),
@@ -65,7 +66,7 @@ def test_prune_per_layer_ratios_ignored_layers_and_global(working):
 def test_prune_rejects_bad_parameters(working, params, message):
     model, ctx = working
     with pytest.raises(BadInputError, match=message):
-        prune(model, ctx, **params)
+        prune(model, ctx, PruneConfig(**params))
 
 
 def test_pruned_model_runs_in_openvino_and_onnxruntime(tiny_factory, tiny_calib, tmp_path):
@@ -84,7 +85,7 @@ def test_pruned_model_runs_in_openvino_and_onnxruntime(tiny_factory, tiny_calib,
 @pytest.mark.parametrize("mode", ["local", "global"])
 def test_sparsify_magnitude_zeroes_weights_in_place(working, mode):
     model, ctx = working
-    sparsify(model, ctx, ratio=0.5, mode=mode, epochs=1)
+    sparsify(model, ctx, SparsifyConfig(ratio=0.5, mode=mode, epochs=1))
     net = model.torch_module
     assert not any("mask" in name for name, _ in net.named_parameters())  # masks stripped into the weights
     zeros = [float((layer.weight == 0).float().mean()) for layer in (net.conv1, net.conv2)]
@@ -101,7 +102,7 @@ def test_sparsify_magnitude_zeroes_weights_in_place(working, mode):
 
 def test_sparsify_regularization_learns_masks(working):
     model, ctx = working
-    sparsify(model, ctx, ratio=0.5, mode="regularization", epochs=2, batch_size=8, mask_lr=0.5)
+    sparsify(model, ctx, SparsifyConfig(ratio=0.5, mode="regularization", epochs=2, batch_size=8, mask_lr=0.5))
     net = model.torch_module
     assert float((net.conv2.weight == 0).float().mean()) > 0.2
     assert "regularization" in model.notes[-1]

@@ -358,11 +358,12 @@ def test_compress_validates_on_the_device(env, cli, tmp_path):
 
 
 def test_a_packaged_bundle_is_sent_as_it_is(env, cli, tmp_path_factory, tmp_path):
-    from edgeopt.packaging import Measurement, package
+    from edgeopt.packaging import package
+    from edgeopt.targets import Measuring
     from edgeopt.remote.results import sha256_file
 
     bundle = package(digits_artifact(tmp_path_factory), "loopback-openvino", tmp_path / "m.tar.gz",
-                     measurement=Measurement(runs=20, warmup=2, min_seconds=0)).path
+                     measuring=Measuring(runs=20, warmup=2, min_seconds=0)).path
     result = cli("validate", bundle, "--device", "local-ssh", *FAST, "--json", "-")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)

@@ -18,7 +18,7 @@ from bundle_support import (FAST, digits_artifact, digits_report, entry, lean_ed
                             runtime_venv, write_tar)
 from conftest import DIGITS_CALIB, DIGITS_EVAL, ROOT
 
-from edgeopt.device.bundle import MANIFEST, canonical_json, open_bundle
+from edgeopt.device.bundle_reader import MANIFEST, canonical_json, open_bundle
 from edgeopt.device.signature import SIGNATURE, load_trust, openssl_version, verify_with_openssl
 from edgeopt.errors import BadInputError
 from edgeopt.provenance import STATEMENT, profile_digest

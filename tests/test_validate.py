@@ -13,7 +13,7 @@ import pytest
 
 from edgeopt.device.budgets import Budgets, check_budgets
 from edgeopt.device.runtime import RuntimeSettings
-from edgeopt.device.validate import validate_artifact
+from edgeopt.device.validate import ValidationReport, validate_artifact
 from edgeopt.errors import BadInputError
 
 LOOSE = """
@@ -73,6 +73,7 @@ def test_validate_artifact_measures_in_a_separate_process(tiny_ir):
     assert report.cpus == [0] and report.input_shapes == {"input": [1, 1, 8, 8]}
     assert report.kernels and report.passed
     data = json.loads(json.dumps(report.to_dict()))
+    assert ValidationReport.from_dict(data) == report  # the typed report survives JSON
     assert data["emulated"] and data["emulation_note"] == "emulated on test"
     assert data["measured_with"]["settings_requested"]["threads"] == 1 and data["host"]["cpu_model"]
 

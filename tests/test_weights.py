@@ -11,10 +11,11 @@ import pytest
 from edgeopt.data import load_samples
 from edgeopt.errors import BadInputError
 from edgeopt.evaluate import language_model_ids, next_token_fidelity
-from edgeopt.passes import PassContext, WorkingModel
-from edgeopt.passes.weights import default_weight_compression, weights
+from edgeopt.passes.base import PassContext, WorkingModel
+from edgeopt.passes.weights import WeightsConfig, default_weight_compression, weights
 from edgeopt.source import load_model
-from edgeopt.weight_bytes import artifact_weight_bytes, onnx_weight_bytes, openvino_weight_bytes
+from edgeopt.formats import artifact_weight_bytes
+from edgeopt.weight_bytes import onnx_weight_bytes, openvino_weight_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB, LENGTH, WIDTH = 64, 16, 64
@@ -90,10 +91,11 @@ def source(tiny_lm):
 def _compress(source, token_data, onnx: bool = False, **params) -> WorkingModel:
     from edgeopt.source import to_onnx
 
-    model = WorkingModel(source, ov_model=source.openvino_model(),
-                         onnx_model=to_onnx(source.torch_module, source.example_input, source.input_names)
-                         if onnx else None)
-    weights(model, PassContext(calibration=load_samples(token_data, source.inputs)), **params)
+    graphs = {"openvino": source.openvino_model()}
+    if onnx:
+        graphs["onnx"] = to_onnx(source.torch_module, source.example_input, source.input_names)
+    model = WorkingModel(source, graphs=graphs)
+    weights(model, PassContext(calibration=load_samples(token_data, source.inputs)), WeightsConfig(**params))
     return model
 
 
@@ -141,8 +143,8 @@ def test_data_aware_options_run_on_both_backends(source, token_data):
     assert "data-aware awq+scale_estimation on 8 calibration samples" in model.notes[0]
     # SwiGLU (MatMul·Multiply→MatMul) is an AWQ pattern for the OpenVINO backend; skips are reported, not hidden
     assert not any(note.startswith("weights (OpenVINO): NNCF:") for note in model.notes)
-    assert {"MatMulNBits", "DequantizeLinear"} <= {node.op_type for node in model.onnx_model.graph.node}
-    assert onnx_weight_bytes(model.onnx_model).total < openvino_weight_bytes(source.openvino_model()).total / 3
+    assert {"MatMulNBits", "DequantizeLinear"} <= {node.op_type for node in model.graphs["onnx"].graph.node}
+    assert onnx_weight_bytes(model.graphs["onnx"]).total < openvino_weight_bytes(source.openvino_model()).total / 3
     gptq = _compress(source, token_data, mode="int4_sym", group_size=32, ratio=1.0, gptq=True, subset_size=4)
     assert "data-aware gptq on 4 calibration samples" in gptq.notes[0]
     assert INT4 & set(openvino_weight_bytes(gptq.ov_model).by_type)
@@ -213,7 +215,7 @@ def test_auto_with_target_records_choice_and_validates(cli, tiny_lm, token_data,
     assert result.exit_code in (0, 4), result.output
     report = json.loads((out / "report.json").read_text())
     assert any("auto: transformer on memory-tight target raspberry-pi-4" in note for note in report["notes"])
-    assert report["recipe"] == "weights(group_size=32, mode=auto, target=raspberry-pi-4)"
+    assert report["recipe"] == "weights(group_size=32, mode=auto)"  # the target reaches the pass in its context
     assert report["validation"]["target"] == "raspberry-pi-4"
 
 

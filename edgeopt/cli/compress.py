@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from edgeopt import jsonio
-from edgeopt.cli.weight_options import recipe_with_weights, weight_options, weights_step
 from edgeopt.cli.gate_options import gate_options, quality_gate
 from edgeopt.cli.out_options import force_option, guard_outputs
+from edgeopt.cli.validate import raise_if_failed
+from edgeopt.cli.weight_options import weight_options, weights_step
 from edgeopt.errors import BadInputError, QualityGateError
 from edgeopt.out_guard import input_bytes
 
@@ -61,15 +60,13 @@ def compress(model, calibration, out, formats, precision, recipe, eval_data, max
              batch_axes, task, **weight_args):
     """Compress MODEL (ONNX, OpenVINO IR, file.py:factory, TorchScript, .pt2 or a Hugging Face model folder)
     and write IR/ONNX to OUT."""
+    from edgeopt.api import compress as run_compress
     from edgeopt.batch_axes import parse_batch_axes
-    from edgeopt import atomic
     from edgeopt.cli.streams import library_output
-    from edgeopt.cli.validate import print_validation, raise_if_failed, raise_if_not_device
-    from edgeopt.export import parse_formats
-    from edgeopt.pipeline import compress as run_compress
-    from edgeopt.recipe import parse_recipe
-    from edgeopt.report_console import print_compress_result
+    from edgeopt.cli.validate import raise_if_not_device
+    from edgeopt.reporting.console import emit, print_compress_result
     from edgeopt.source import parse_input_shapes
+    from edgeopt.targets import Measuring
 
     if (device_spec or require_device) and not target:
         raise BadInputError("--device and --require-device need --target (the profile to validate against)")
@@ -82,115 +79,49 @@ def compress(model, calibration, out, formats, precision, recipe, eval_data, max
         from edgeopt.signing import Signer
 
         sign = Signer(sign)  # a bad key fails now, not after compressing
-    if formats is None:
-        formats = "openvino" if model.lower().endswith(".xml") else "openvino,onnx"
-    weights = weights_step(weight_args, target)
-    profile, precision, shapes = _apply_target(target, precision, recipe if weights is None else "weights", formats,
-                                               parse_input_shapes(input_shapes))
-    axes = {**(profile.batch_axes if profile else {}), **parse_batch_axes(batch_axes)}
-    recipe_obj = (_recipe(recipe, precision, parse_recipe) if weights is None
-                  else recipe_with_weights(recipe, precision, weights, parse_recipe))
+    measuring = Measuring(validate_runs, min_seconds=validate_seconds)
     with library_output(quiet):
-        result = run_compress(model, calibration, out=out, recipe=recipe_obj, formats=parse_formats(formats),
-                              eval_data=eval_data,
+        result = run_compress(model, calibration, out=out, recipe=recipe, precision=precision, target=target,
+                              formats=formats, weights=weights_step(weight_args), eval_data=eval_data,
                               gate=quality_gate(max_drop, min_cosine, min_token_agreement, max_perplexity_ratio,
                                                 gate_outputs),
-                              input_shapes=shapes, seed=seed, train_data=train_data, step_report=step_report,
-                              quiet=quiet, batch_axes=axes, task=task)
-    report = result.describe()
-    validations = _validate(profile, result, report, validate_runs, validate_seconds, device_spec) if profile else []
-    if json_out == "-":
-        click.echo(jsonio.dumps(report, indent=2))
-    elif json_out:
-        atomic.write_text(json_out, jsonio.dumps(report, indent=2))
-    if not quiet and json_out != "-":
-        print_compress_result(result)
-        for validation in validations:
-            print_validation(validation)
+                              input_shapes=parse_input_shapes(input_shapes), seed=seed, train_data=train_data,
+                              step_report=step_report, quiet=quiet,
+                              measuring=None if device_spec else measuring,
+                              batch_axes=parse_batch_axes(batch_axes), task=task)
+        if device_spec and result.target is not None and result.quality_passed:
+            _validate_remote(result, device_spec, measuring)
+    emit(result.describe(), lambda: print_compress_result(result), json_out, quiet)
     if not result.quality_passed:
         failed = [f"{name}: {msg}" for name, (ok, msg) in result.gate_results.items() if not ok]
         raise QualityGateError("quality gate failed: " + "; ".join(failed))
     if require_device:
-        raise_if_not_device(validations)
-    raise_if_failed(validations)
+        raise_if_not_device(result.validations)
+    raise_if_failed(result.validations)
     for fmt, flags in result.flagged.items():  # the exit summary, even with --quiet (a failed run's one line
         click.echo(f"edgeopt: warning: the {fmt} artifact is {' and '.join(flags)} "  # is its error; the flags
                    f"({result.vs_fp32[fmt].summary()})", err=True)  # are in report.json and the table)
     if package_out:
         from edgeopt.packaging import package
 
-        bundle = package(result.out, profile, package_out, report=validations[0].to_dict(), build_id=build_id,
-                         sign=sign)
+        bundle = package(result.out, result.target, package_out, report=result.validations[0].to_dict(),
+                         build_id=build_id, sign=sign)
         if not quiet and json_out != "-":
             click.echo(f"{bundle.path}: {bundle.bytes} bytes, sha256 {bundle.sha256}")
 
 
-def _recipe(recipe: str | None, precision: str | None, parse):
-    if recipe is None:
-        return parse(precision if precision in ("int8", "fp16") else ("" if precision == "fp32" else "int8"))
-    parsed = parse(recipe)
-    if precision is None:
-        return parsed
-    from edgeopt.passes import get_pass
-    from edgeopt.recipe import Recipe, Step
-
-    if any(get_pass(s.name).stage == "graph" for s in parsed.steps):
-        raise BadInputError("give either --precision or a recipe with a precision step, not both")
-    return parsed if precision == "fp32" else Recipe(parsed.steps + (Step(precision),))
-
-
-def _apply_target(name: str | None, precision: str | None, recipe: str | None, formats: str, shapes: dict):
-    """The profile, the precision to use (the profile's first choice unless given) and the input shapes."""
-    if name is None:
-        return None, precision, shapes
-    from edgeopt.export import parse_formats
-    from edgeopt.targets import load_target
-
-    profile = load_target(name)
-    if precision is None and not _sets_precision(recipe):
-        precision = profile.precisions[0]
-    elif precision is not None and precision not in profile.precisions:
-        raise BadInputError(f"--precision {precision}: target {profile.name} supports {', '.join(profile.precisions)}")
-    needed = "openvino" if profile.settings.runtime == "openvino" else "onnx"
-    if needed not in parse_formats(formats):
-        raise BadInputError(f"target {profile.name} runs {profile.settings.runtime}: --format must include {needed}")
-    return profile, precision, {**profile.input_shapes, **shapes}
-
-
-def _sets_precision(recipe: str | None) -> bool:
-    """Whether the recipe decides the output precision itself: a graph step, or QAT (which quantizes)."""
-    if recipe is None:
-        return False
-    from edgeopt.passes import get_pass
-    from edgeopt.recipe import parse_recipe
-
-    steps = parse_recipe(recipe).steps
-    return any(get_pass(s.name).stage == "graph" or s.name == "qat" for s in steps)
-
-
-def _validate(profile, result, report: dict, runs: int, seconds: float, device_spec: str | None) -> list:
-    """Validate the artifact(s) the profile's runtime runs (here, or on ``device_spec``); add the reports to
-    report.json (atomically)."""
+def _validate_remote(result, device_spec: str, measuring) -> None:
+    """Validate the artifact(s) the profile's runtime runs on ``device_spec`` over SSH; add the reports to the
+    result and to report.json (atomically)."""
     from pathlib import Path
 
     from edgeopt import atomic
-    from edgeopt.targets import validate_on
+    from edgeopt.remote.devices import load_device
+    from edgeopt.remote.run import measure
 
-    if not result.quality_passed:
-        return []
-    if device_spec:
-        from edgeopt.remote.devices import load_device
-        from edgeopt.remote.run import measure
-
-        device = load_device(device_spec, profile.name)
-        validations = [measure(device, profile, artifact.path, runs=runs, min_seconds=seconds).report
-                       for artifact in result.artifacts if artifact.runtime == profile.settings.runtime]
-    else:
-        validations = [validate_on(profile, artifact.path, runs=runs, min_seconds=seconds)
-                       for artifact in result.artifacts if artifact.runtime == profile.settings.runtime]
-    report["validation"] = {"target": profile.name, "passed": all(v.passed for v in validations),
-                            "reports": [v.to_dict() for v in validations]}
-    saved = Path(result.out) / "report.json"
-    atomic.write_text(saved, jsonio.dumps(json.loads(saved.read_text(encoding="utf-8")) | {"validation":
-                                                                                          report["validation"]}, indent=2))
-    return validations
+    profile = result.target
+    device = load_device(device_spec, profile.name)
+    result.validations = [measure(device, profile, artifact.path, runs=measuring.runs,
+                                  min_seconds=measuring.min_seconds).report
+                          for artifact in result.artifacts if artifact.runtime == profile.settings.runtime]
+    atomic.write_text(Path(result.out) / "report.json", jsonio.dumps(result.describe(), indent=2))

@@ -20,7 +20,7 @@ def list_command(as_json):
     from rich.table import Table
 
     from edgeopt.remote.devices import list_devices, search_path
-    from edgeopt.report_console import console
+    from edgeopt.reporting.console import console
 
     found = list_devices()
     if as_json:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import sys
 from pathlib import Path
 
 import click
@@ -14,8 +12,6 @@ from edgeopt.cli.out_options import force_option, guard_outputs
 from edgeopt.errors import BudgetError, QualityGateError
 from edgeopt.out_guard import input_bytes
 from edgeopt.targets import OBJECTIVES
-
-_STYLE = {"chosen": "bold green", "closest": "bold yellow", "pass": "green", "fail": "red", "skipped": "dim"}
 
 
 @click.command()
@@ -57,44 +53,36 @@ def optimize(model, target, calibration, eval_data, out, max_drop, min_cosine, m
     Exit 0 when one is found, 3 when nothing keeps quality, 4 when nothing meets the budgets, 2 on bad input,
     5 when the devices give no figures (or --require-device and only emulated ones).
     """
-    from edgeopt import atomic
-    from edgeopt.cli.streams import library_output, warn
-    from edgeopt.optimize.cache import Cache, default_cache_dir
-    from edgeopt.optimize.search import Measuring, search
-    from edgeopt.reporting import tables, write_reports
+    from edgeopt.api import optimize as run_optimize
+    from edgeopt.cli.streams import library_output
+    from edgeopt.reporting import tables
+    from edgeopt.reporting.console import SearchProgress, emit, print_optimize_result
     from edgeopt.source import parse_input_shapes
+    from edgeopt.targets import Measuring, load_target
+    from edgeopt.cli.streams import warn
     from edgeopt.device.host import host_info
-    from edgeopt.targets import load_target
 
     guard_outputs(out, force, needs_bytes=3 * input_bytes(model), json_out=json_out)
     profile = load_target(target)
     gate = quality_gate(max_drop, min_cosine, min_token_agreement, max_perplexity_ratio, gate_outputs)
-    cache = Cache(cache_dir or default_cache_dir(), warn=warn)
     pool = None
     if device_specs:
+        from edgeopt.optimize.cache import Cache, default_cache_dir
         from edgeopt.remote.pool import DevicePool
 
-        pool = DevicePool(list(device_specs), profile, cache)
+        pool = DevicePool(list(device_specs), profile, Cache(cache_dir or default_cache_dir(), warn=warn))
     elif require_device and not profile.is_host(host_info()):
         from edgeopt.errors import DeviceError
 
         raise DeviceError(f"--require-device: this host is not a {profile.name} and no --device was given, so every "
                           f"timing figure would be emulated")
-    with _Progress(quiet) as progress, library_output(True):
-        result = search(model, calibration, eval_data, profile, gate=gate, cache=cache, plan=plan,
-                        measuring=Measuring(runs, warmup, min_seconds), objective=objective or profile.objective,
-                        input_shapes=parse_input_shapes(input_shapes), seed=seed, pool=pool, progress=progress.event)
+    with SearchProgress(quiet) as progress, library_output(True):
+        result = run_optimize(model, calibration, eval_data, target=profile, out=out, gate=gate, objective=objective,
+                              plan=plan, cache_dir=cache_dir, measuring=Measuring(runs, warmup, min_seconds),
+                              input_shapes=parse_input_shapes(input_shapes), seed=seed, progress=progress.event,
+                              pool=pool, warn=warn)
     report = result.describe() | ({"devices": pool.describe()} if pool else {})
-    with atomic.atomic_dir(out) as tmp:
-        if result.chosen:
-            report["chosen_files"] = _copy_artifact(result.chosen.artifact, result.chosen.validation["files"], tmp)
-        write_reports(report, tmp)
-    if json_out == "-":
-        click.echo(jsonio.dumps(report, indent=2))
-    elif json_out:
-        atomic.write_text(json_out, jsonio.dumps(report, indent=2))
-    if not quiet and json_out != "-":
-        _print(report, tables, Path(out))
+    emit(report, lambda: print_optimize_result(report, Path(out)), json_out, quiet)
     where = f"report: {Path(out) / 'report.md'}"
     unmeasured = [c.label for c in result.candidates if (c.skipped or "").startswith("unmeasured")]
     if unmeasured and not result.chosen:
@@ -108,75 +96,3 @@ def optimize(model, target, calibration, eval_data, out, max_drop, min_cosine, m
     if result.verdict == "quality":
         failed = "; ".join(f"{c.label}: {c.gate_check}" for c in result.candidates if c.gate_passed is False)
         raise QualityGateError(f"no candidate passes the quality gate ({failed or 'none was built'}); {where}")
-
-
-def _copy_artifact(model_file: Path, files: dict, folder: Path) -> list[str]:
-    for name in files:
-        shutil.copy2(model_file.parent / name, folder / name)
-    return list(files)
-
-
-def _print(report: dict, tables, out: Path) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
-    table = Table(title=f"candidates for {report['target']['name']} (★ chosen, ◆ closest)")
-    for header in tables.CANDIDATE_HEADERS:
-        table.add_column(header, overflow="fold")
-    for row in tables.candidate_rows(report):
-        mark = {"chosen": "★ ", "closest": "◆ "}.get(row.status, "")
-        table.add_row(row.cells[0], mark + row.cells[1], *row.cells[2:], style=_STYLE[row.status])
-    console.print(table)
-    console.print(tables.verdict(report), style="bold green" if report["verdict"] == "found" else "bold red")
-    measured = [value for key, value in tables.settings_lines(report) if key.startswith("measured with")]
-    console.print(f"measured with: {measured[0]}" if measured else "nothing was measured")
-    files = ", ".join(report.get("chosen_files", ["no artifact (none passed)"]))
-    console.print(f"written to {out}: {files}, report.md, report.html, report.json")
-
-
-class _Progress:
-    """One line per candidate on stderr (rich), updated as it is built, reused and measured."""
-
-    def __init__(self, quiet: bool):
-        from rich.console import Console
-        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-        self._quiet = quiet
-        self._tasks: dict[str, int] = {}
-        self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                                  console=Console(file=sys.stderr, highlight=False,
-                                                  width=None if sys.stderr.isatty() else 200), redirect_stdout=False,
-                                  redirect_stderr=False, disable=quiet or not sys.stderr.isatty())
-
-    def __enter__(self) -> "_Progress":
-        self._progress.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._progress.stop()
-
-    def event(self, candidate, event: str) -> None:
-        label = f"[{candidate.stage}] {candidate.label}"
-        if candidate.label not in self._tasks:
-            self._tasks[candidate.label] = self._progress.add_task(label, total=1)
-        task = self._tasks[candidate.label]
-        if event == "skipped":
-            self._progress.update(task, description=f"{label}: skipped ({candidate.skipped})", completed=1)
-        elif event == "done":
-            self._progress.update(task, description=f"{label}: {_summary(candidate)}", completed=1)
-        else:
-            self._progress.update(task, description=f"{label}: {event}…")
-
-
-def _summary(candidate) -> str:
-    if candidate.skipped:
-        return candidate.skipped
-    cache = ("reused from cache" if all(candidate.reused.values())
-             else "artifact reused, measured" if candidate.reused["artifact"] else "built and measured")
-    emulated = any(c.status != "measured" for c in candidate.checks)
-    verdict = ("EMULATED" if emulated else "PASS") if candidate.passed else "FAIL: " + ", ".join(
-        ([] if candidate.gate_passed else ["quality gate"]) + [c.name for c in candidate.failing]
-        + ([] if candidate.eligible else [f"device lacks {candidate.precision}"]))
-    return (f"{cache}; {candidate.file_bytes / 1e6:.3g} MB, p50 {candidate.figures['p50_ms']:.3g} ms, "
-            f"{candidate.gate_check}; {verdict}")

@@ -38,15 +38,16 @@ def package(artifact, target, out, formats, report, build_id, preprocess, input_
 
     Exit 0 ok, 2 bad input, 3 the artifact failed its quality gate, 4 a device budget failed (nothing written).
     """
-    from edgeopt.export import parse_formats
-    from edgeopt.packaging import Measurement
+    from edgeopt.formats import parse_formats
+    from edgeopt.targets import Measuring
     from edgeopt.packaging import package as run_package
+    from edgeopt.reporting.console import emit
     from edgeopt.source import parse_input_shapes
 
     guard_outputs(None, force, json_out=json_out, bundle=out, needs_bytes=2 * input_bytes(artifact))
     result = run_package(artifact, target, out, formats=parse_formats(formats) if formats else None, report=report,
                          build_id=build_id, preprocess=preprocess, input_shapes=parse_input_shapes(input_shapes),
-                         measurement=Measurement(runs, warmup, min_seconds), sign=sign)
+                         measuring=Measuring(runs, warmup, min_seconds), sign=sign)
     emit(result.describe(), f"{result.path}: {result.bytes} bytes, sha256 {result.sha256}", json_out, quiet)
 
 
@@ -66,9 +67,10 @@ def verify(bundle, trust, show, json_out, quiet, max_extract_mb):
 
     Exit 0 ok, 2 otherwise (unsigned with --trust, unknown key, bad signature, changed after signing, corrupt).
     """
-    from edgeopt.device.bundle import describe, open_bundle, summary
+    from edgeopt.device.bundle_reader import describe, open_bundle, summary
     from edgeopt.device.signature import load_trust
     from edgeopt.provenance import show as show_provenance
+    from edgeopt.reporting.console import emit
 
     guard_outputs(None, False, json_out=json_out)
     checked = open_bundle(bundle, max_bytes=None if max_extract_mb is None else int(max_extract_mb * 1e6),
@@ -76,14 +78,3 @@ def verify(bundle, trust, show, json_out, quiet, max_extract_mb):
     lines = [summary(checked), *(show_provenance(checked.manifest) if show else [])]
     emit(describe(checked), "\n".join(lines), json_out, quiet)
 
-
-def emit(data: dict, line: str, json_out: str | None, quiet: bool) -> None:
-    """JSON to a file or alone on stdout (``-``); otherwise one plain line unless quiet."""
-    from edgeopt import atomic
-
-    if json_out == "-":
-        click.echo(jsonio.dumps(data, indent=2))
-    elif json_out:
-        atomic.write_text(json_out, jsonio.dumps(data, indent=2) + "\n")
-    if not quiet and json_out != "-":
-        click.echo(line)

@@ -41,10 +41,12 @@ def validate(artifact, target, device_spec, import_path, require_device, runs, w
     Exit 0 when every budget holds, 4 when one fails, 2 on bad input, 5 when no device figures could be had
     (device unreachable, lost or unusable; or --require-device and only emulated figures).
     """
+    from edgeopt.api import validate as run_validate
     from edgeopt.device.reports import write_json, write_junit
+    from edgeopt.reporting.console import print_validation
     from edgeopt.errors import BadInputError
     from edgeopt.source import parse_input_shapes
-    from edgeopt.targets import load_target, model_in, validate_on
+    from edgeopt.targets import Measuring, load_target, model_in
 
     guard_outputs(None, False, json_out=json_out, junit_out=junit_out)
     if device_spec and import_path:
@@ -67,8 +69,7 @@ def validate(artifact, target, device_spec, import_path, require_device, runs, w
         if target is None:
             raise BadInputError("validate needs --target (or --device, or --import)")
         profile = load_target(target)
-        report = validate_on(profile, model_in(artifact, profile.settings.runtime), runs=runs, warmup=warmup,
-                             min_seconds=min_seconds, input_shapes=shapes)
+        report = run_validate(artifact, profile, measuring=Measuring(runs, warmup, min_seconds), input_shapes=shapes)
     if json_out:
         write_json(report, json_out)
     if junit_out:
@@ -83,7 +84,7 @@ def validate(artifact, target, device_spec, import_path, require_device, runs, w
 def _imported(bundle: str, results: str, target: str | None):
     """A device's results for ``bundle``, judged against ``target``'s budgets (default: the bundle's own)."""
     from edgeopt.device.budgets import Budgets
-    from edgeopt.device.bundle import open_bundle
+    from edgeopt.device.bundle_reader import open_bundle
     from edgeopt.remote.results import check_bundle, read_result, to_report
     from edgeopt.targets import load_target
 
@@ -113,44 +114,3 @@ def raise_if_failed(reports) -> None:
     failed = [f"{r.artifact}: {c.name}" for r in reports for c in r.checks if not c.passed]
     if failed:
         raise BudgetError(f"device budget failed ({'; '.join(failed)})")
-
-
-def print_validation(report) -> None:
-    """The budget table (budget, measured, margin, PASS/FAIL) and how the figures were measured."""
-    from rich.table import Table
-
-    from edgeopt.report_console import console, format_bytes
-
-    out = console()
-    title = f"{report.artifact} on {report.target or 'budgets'}"
-    table = Table(title=title)
-    for column in ("budget", "limit", "measured", "margin", "verdict"):
-        table.add_column(column, justify="left" if column in ("budget", "verdict") else "right")
-    for check in report.checks:
-        measured = "not measured" if check.measured is None else _fmt(check.measured, check.unit)
-        margin = "-" if check.margin is None else f"{_fmt(check.margin, check.unit)} ({check.margin_pct:+.0f}%)"
-        colour = {"PASS": "green", "EMULATED": "yellow", "UNRELIABLE": "yellow"}.get(check.verdict, "bold red")
-        verdict = f"[{colour}]{check.verdict}[/{colour}]"
-        table.add_row(f"{check.name} ({check.description})", _fmt(check.budget, check.unit), measured, margin, verdict)
-    out.print(table)
-    lat = report.latency
-    out.print(f"latency ms: p50 {lat.p50_ms:.4g} · p95 {lat.p95_ms:.4g} · p99 {lat.p99_ms:.4g} · max {lat.max_ms:.4g}"
-              f" · mean {lat.mean_ms:.4g} ± {lat.stddev_ms:.3g} (CV {lat.cv:.3f}, p99/p50 {lat.p99_over_p50:.2f})"
-              f" · {lat.throughput_fps:.0f} inferences/s")
-    if report.runtime_latency:
-        out.print(f"OpenVINO's own per-request time (InferRequest.latency, without the Python call): "
-                  f"p50 {report.runtime_latency.p50_ms:.4g} · p99 {report.runtime_latency.p99_ms:.4g} ms")
-    out.print(f"cold: load+compile {report.load_compile_ms:.1f} ms, first inference {report.first_inference_ms:.3f} ms")
-    rss = report.peak_rss_bytes
-    before = report.rss_before_load_bytes
-    out.print(f"memory: artifact {format_bytes(report.artifact_bytes)} on disk; measuring process RSS "
-              f"{format_bytes(before) if before else '?'} before load, peak {format_bytes(rss) if rss else '?'}")
-    out.print(f"measured with: {report.measured_with(where=False)}")
-    out.print(f"[bold yellow]{report.emulation_note}[/bold yellow]" if report.emulation_note
-              else f"measured on the device itself ({report.host['cpu_model']})")
-    for note in report.notes:
-        out.print(f"note: {note}")
-
-
-def _fmt(value: float, unit: str) -> str:
-    return f"{value:.4g}{' ' + unit if unit else ''}"

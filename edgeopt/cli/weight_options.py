@@ -39,9 +39,10 @@ def weight_options(command):
     return command
 
 
-def weights_step(args: dict, target: str | None):
-    """The ``weights`` recipe step the options ask for, or ``None`` without ``--weights``."""
-    from edgeopt.recipe import Step
+def weights_step(args: dict):
+    """The ``weights`` recipe step the options ask for, or ``None`` without ``--weights`` (mode=auto sees the
+    ``--target`` profile through the pass context)."""
+    from edgeopt.recipe import make_step
 
     given = {param: args[option] for option, param in _PARAMS.items() if args.get(option) is not None}
     mode = args.get("weights_mode")
@@ -50,21 +51,4 @@ def weights_step(args: dict, target: str | None):
             flags = ", ".join("--" + option.replace("_", "-") for option in _PARAMS if args.get(option) is not None)
             raise BadInputError(f"{flags}: need --weights MODE")
         return None
-    params = {"mode": mode, **given}
-    if mode == "auto" and target:
-        params["target"] = target
-    return Step("weights", params)
-
-
-def recipe_with_weights(recipe: str | None, precision: str | None, step, parse):
-    """``recipe``'s PyTorch steps followed by the ``weights`` step."""
-    from edgeopt.passes import check_step, get_pass
-    from edgeopt.recipe import Recipe
-
-    if precision is not None:
-        raise BadInputError("give either --precision or --weights, not both")
-    check_step(step, source="--weights")
-    parsed = parse(recipe) if recipe else Recipe(())
-    if any(get_pass(s.name).stage == "graph" for s in parsed.steps):
-        raise BadInputError("give either --weights or a recipe with a precision step, not both")
-    return Recipe(parsed.steps + (step,))
+    return make_step("weights", {"mode": mode, **given}, source="--weights")

@@ -99,7 +99,7 @@ def _positive(text: str) -> int:
 
 def _verify(args) -> None:
     from edgeopt.atomic import write_text
-    from edgeopt.device.bundle import describe, open_bundle, summary
+    from edgeopt.device.bundle_reader import describe, open_bundle, summary
 
     guard_reports(args)
     bundle = open_bundle(args.bundle, max_bytes=_max_bytes(args), trust=_trust(args))
@@ -122,7 +122,7 @@ def _validate(args) -> None:
     import time
 
     from edgeopt.atomic import write_text
-    from edgeopt.device.bundle import open_bundle
+    from edgeopt.device.bundle_reader import open_bundle
     from edgeopt.device.reports import write_junit
     from edgeopt.device.session import exit_when_stdin_closes, take_device_lock
 
@@ -158,7 +158,8 @@ def device_result(report, bundle, session: dict) -> dict:
     """The validation report as the device writes it: with the bundle's sha256 (so a result cannot be
     attached to another artifact) and when and under which lock it was measured."""
     manifest = bundle.manifest
-    return {"schema_version": RESULT_SCHEMA, **report.to_dict(),
+    own = {k: v for k, v in report.to_dict().items() if k not in ("schema_version", "report")}
+    return {"schema_version": RESULT_SCHEMA, **own,
             "bundle": {"file": bundle.path.name, "sha256": bundle.sha256, "build_id": manifest["build_id"],
                        "model": manifest["model"], "target": manifest["target"]["name"]},
             "session": session, "timings_ms": list(report.timings_ms)}
@@ -205,7 +206,7 @@ def validate_bundle(bundle, runs: int, warmup: int, min_seconds: float):
 
 
 def _text(bundle, report) -> str:
-    from edgeopt.device.bundle import summary
+    from edgeopt.device.bundle_reader import summary
 
     lines = [summary(bundle)]
     for check in report.checks:

@@ -19,7 +19,8 @@ class HostInfo:
     cpu_flags: tuple[str, ...]
 
     def describe(self) -> dict:
-        return asdict(self)
+        """JSON-shaped (lists, not tuples), so a report read back equals the one written."""
+        return asdict(self) | {"cpu_flags": list(self.cpu_flags)}
 
     def has(self, flag: str) -> bool:
         return flag in self.cpu_flags

@@ -44,7 +44,7 @@ def run(request: dict) -> dict:
         "rss_before_load_bytes": rss_before * 1024 if rss_before else None,
         "peak_rss_bytes": peak * 1024 if peak else None,
         "cpus": sorted(os.sched_getaffinity(0)),
-        "kernels": _kernels(session),
+        "kernels": session.kernels(),
     }
 
 
@@ -65,19 +65,6 @@ def _feeds(inputs, shapes: dict) -> tuple[dict, dict]:
                                 f"(--input-shape {spec.name}=..., or input_shapes in the target profile)")
         concrete.append(spec)
     return random_feeds(concrete), {spec.name: list(spec.shape) for spec in concrete}
-
-
-def _kernels(session) -> list[str]:
-    """OpenVINO's executed kernel types (e.g. ``brgconv_avx512_I8``): evidence of the ISA and precision used."""
-    compiled = getattr(session, "_compiled", None)
-    if compiled is None:
-        return []
-    kinds = set()
-    for op in compiled.get_runtime_model().get_ops():
-        info = op.get_rt_info()
-        if "primitiveType" in info:
-            kinds.add(info["primitiveType"].astype(str))
-    return sorted(k for k in kinds if not k.startswith("unknown"))
 
 
 def _status_kib(field: str) -> int | None:

@@ -7,14 +7,15 @@ import xml.etree.ElementTree as ET
 
 from edgeopt import jsonio
 from edgeopt.atomic import write_text
-from edgeopt.device.validate import ValidationReport
+from edgeopt.device.validate import SCHEMA_VERSION, ValidationReport
 
 
 def to_json(reports: list[ValidationReport]) -> str:
     """One report as an object, several as ``{"passed": ..., "reports": [...]}``."""
     if len(reports) == 1:
         return jsonio.dumps(reports[0].to_dict(), indent=2)
-    return jsonio.dumps({"passed": all(r.passed for r in reports), "reports": [r.to_dict() for r in reports]}, indent=2)
+    return jsonio.dumps({"schema_version": SCHEMA_VERSION, "report": "validations",
+                         "passed": all(r.passed for r in reports), "reports": [r.to_dict() for r in reports]}, indent=2)
 
 
 def write_json(report: ValidationReport | list[ValidationReport], path: str) -> None:

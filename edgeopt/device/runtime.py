@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
+from edgeopt.device.formats import FILE_FORMATS, file_format
 from edgeopt.errors import BadInputError, first_line
 
-RUNTIMES = ("openvino", "onnxruntime")
 PRECISIONS = ("f32", "bf16", "f16")
 
 
@@ -62,27 +62,26 @@ class RuntimeSettings:
 
 
 def runtime_for(path: str | Path) -> str:
-    """The runtime that natively loads ``path``: ONNX Runtime for .onnx, OpenVINO for .xml."""
-    suffix = Path(path).suffix.lower()
-    if suffix == ".onnx":
-        return "onnxruntime"
-    if suffix == ".xml":
-        return "openvino"
-    raise BadInputError(f"{path}: not a model file (expected .onnx or OpenVINO .xml)")
+    """The runtime that natively loads ``path`` (``edgeopt.device.formats``)."""
+    return file_format(path).runtime
 
 
 def runtime_version(runtime: str) -> str:
-    if runtime == "openvino":
-        import openvino as ov
-
-        return ov.get_version()
-    import onnxruntime as ort
-
-    return ort.__version__
+    return SESSIONS[runtime].version()
 
 
 class Session:
-    """A compiled model ready for inference; ``infer`` takes a dict of numpy arrays by input name."""
+    """A compiled model ready for inference; ``infer`` takes a dict of numpy arrays by input name.
+
+    A runtime is one subclass, listed in ``SESSIONS``; ``opens`` names the file formats it reads."""
+
+    label: str
+    opens: tuple[str, ...]
+    precision_hint: bool  # whether the runtime takes an inference precision (else it computes in the model's)
+
+    @staticmethod
+    def version() -> str:  # pragma: no cover - interface
+        raise NotImplementedError
 
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
@@ -106,6 +105,10 @@ class Session:
         """The runtime's own time for the last inference, where it reports one (OpenVINO does)."""
         return None
 
+    def kernels(self) -> list[str]:
+        """The kernel types the runtime chose (evidence of the ISA and precision used), where it reports them."""
+        return []
+
 
 _OV_TYPES = {"f32": "float32", "f16": "float16", "i64": "int64", "i32": "int32", "u8": "uint8", "i8": "int8",
              "boolean": "bool", "f64": "float64"}
@@ -115,6 +118,16 @@ _ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(
 
 
 class OpenVINOSession(Session):
+    label = "OpenVINO"
+    opens = ("openvino", "onnx")  # edgeopt.device.formats names this runtime reads
+    precision_hint = True
+
+    @staticmethod
+    def version() -> str:
+        import openvino as ov
+
+        return ov.get_version()
+
     def __init__(self, path: Path, settings: RuntimeSettings):
         import openvino as ov
 
@@ -156,6 +169,15 @@ class OpenVINOSession(Session):
     def last_runtime_ms(self) -> float | None:
         return self._request.latency
 
+    def kernels(self) -> list[str]:
+        """OpenVINO's executed kernel types (e.g. ``brgconv_avx512_I8``)."""
+        kinds = set()
+        for op in self._compiled.get_runtime_model().get_ops():
+            info = op.get_rt_info()
+            if "primitiveType" in info:
+                kinds.add(info["primitiveType"].astype(str))
+        return sorted(k for k in kinds if not k.startswith("unknown"))
+
     def effective_settings(self) -> dict:
         described = self.settings.describe()
         for key, prop in (("threads", "INFERENCE_NUM_THREADS"), ("streams", "NUM_STREAMS"),
@@ -166,6 +188,16 @@ class OpenVINOSession(Session):
 
 
 class OnnxRuntimeSession(Session):
+    label = "ONNX Runtime"
+    opens = ("onnx",)
+    precision_hint = False
+
+    @staticmethod
+    def version() -> str:
+        import onnxruntime as ort
+
+        return ort.__version__
+
     def __init__(self, path: Path, settings: RuntimeSettings):
         import onnxruntime as ort
 
@@ -214,16 +246,21 @@ def open_session(path: str | Path, settings: RuntimeSettings | None = None) -> S
     path = Path(path)
     if not path.is_file():
         raise BadInputError(f"{path}: no such model file")
+    fmt = file_format(path)
     if settings is None:
-        settings = RuntimeSettings(runtime=runtime_for(path))
-    native = runtime_for(path)
-    if settings.runtime == "onnxruntime" and native != "onnxruntime":
-        raise BadInputError(f"{path}: ONNX Runtime needs an .onnx file")
-    if settings.runtime == "openvino":
-        if native == "openvino" and not path.with_suffix(".bin").is_file():
-            raise BadInputError(f"{path}: the weights file {path.with_suffix('.bin').name} is missing")
-        return OpenVINOSession(path, settings)
-    return OnnxRuntimeSession(path, settings)
+        settings = RuntimeSettings(runtime=fmt.runtime)
+    session_class = SESSIONS[settings.runtime]
+    if fmt.name not in session_class.opens:
+        needed = " or ".join(FILE_FORMATS[name].suffix for name in session_class.opens)
+        raise BadInputError(f"{path}: {session_class.label} needs an {needed} file")
+    for companion in fmt.files(path)[1:]:
+        if not companion.is_file():
+            raise BadInputError(f"{path}: the weights file {companion.name} is missing")
+    return session_class(path, settings)
+
+
+SESSIONS: dict[str, type[Session]] = {"openvino": OpenVINOSession, "onnxruntime": OnnxRuntimeSession}
+RUNTIMES = tuple(SESSIONS)
 
 
 def random_feeds(inputs: list[TensorSpec], seed: int = 0) -> dict[str, np.ndarray]:

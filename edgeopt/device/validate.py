@@ -16,11 +16,13 @@ from pathlib import Path
 from edgeopt import jsonio
 from edgeopt.device.budgets import BudgetCheck, Budgets, check_budgets
 from edgeopt.device.host import host_info
-from edgeopt.device.runtime import RuntimeSettings, runtime_for
+from edgeopt.device.formats import file_format
+from edgeopt.device.runtime import SESSIONS, RuntimeSettings
 from edgeopt.device.stats import LatencyStats, latency_stats
 from edgeopt.errors import BadInputError
 
 MB = 1_000_000  # budgets and reports use decimal megabytes
+SCHEMA_VERSION = "1.0"  # of every JSON report edgeopt writes (docs/report.schema.json); major bumps break readers
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,8 @@ class ValidationReport:
 
     def to_dict(self) -> dict:
         return {
+            "schema_version": SCHEMA_VERSION,
+            "report": "validation",
             "target": self.target,
             "artifact": self.artifact,
             "files": self.files,
@@ -107,15 +111,34 @@ class ValidationReport:
             "emulated": self.emulation_note is not None,
             "emulation_note": self.emulation_note,
             "notes": self.notes,
+            "timings_ms": list(self.timings_ms),
         }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ValidationReport":
+        """The report ``to_dict`` wrote (``from_dict(r.to_dict()) == r``)."""
+        how, memory = data["measured_with"], data["memory"]
+        check_keys = ("name", "budget", "measured", "unit", "passed", "margin")
+        return cls(
+            artifact=data["artifact"], files=dict(data["files"]),
+            settings=RuntimeSettings(**how["settings_requested"]), effective_settings=how["settings_effective"],
+            runtime_version=how["runtime_version"], input_shapes=how["input_shapes"], runs=how["min_runs"],
+            warmup=how["warmup"], min_seconds=how["min_seconds"], latency=LatencyStats(**data["latency_ms"]),
+            first_inference_ms=data["first_inference_ms"], load_compile_ms=data["load_compile_ms"],
+            rss_before_load_bytes=memory["rss_before_load_bytes"], peak_rss_bytes=memory["peak_rss_bytes"],
+            cpus=how["cpus"], kernels=how["kernels"], host=data["host"], emulation_note=data["emulation_note"],
+            notes=data["notes"], checks=[BudgetCheck(**{k: c[k] for k in check_keys},
+                                                      **{k: c[k] for k in ("status", "reason") if k in c})
+                                          for c in data["checks"]],
+            target=data["target"], budgets=Budgets.from_dict(data["budgets"]),
+            timings_ms=tuple(data["timings_ms"]),
+            runtime_latency=LatencyStats(**data["runtime_latency_ms"]) if data["runtime_latency_ms"] else None,
+        )
 
 
 def artifact_files(model_path: Path) -> dict[str, int]:
     """The files a model needs (``.xml`` + ``.bin``, or ``.onnx``) and their sizes in bytes."""
-    files = [model_path]
-    if model_path.suffix.lower() == ".xml":
-        files.append(model_path.with_suffix(".bin"))
-    return {f.name: f.stat().st_size for f in files if f.is_file()}
+    return {f.name: f.stat().st_size for f in file_format(model_path).files(model_path) if f.is_file()}
 
 
 def validate_artifact(model_path: str | Path, settings: RuntimeSettings, budgets: Budgets, runs: int = 300,
@@ -131,7 +154,7 @@ def validate_artifact(model_path: str | Path, settings: RuntimeSettings, budgets
     path = Path(model_path)
     if not path.is_file():
         raise BadInputError(f"{path}: no such model file")
-    runtime_for(path)  # rejects anything but .xml / .onnx
+    file_format(path)  # rejects anything but a model file
     if runs < 1 or warmup < 1 or min_seconds < 0:
         raise BadInputError(f"runs and warm-up must be at least 1 and min-seconds not negative "
                             f"(got runs={runs}, warmup={warmup}, min_seconds={min_seconds})")
@@ -212,9 +235,9 @@ def _precision_notes(settings: RuntimeSettings, effective: dict) -> list[str]:
     asked = settings.inference_precision
     if asked is None:
         return []
-    if settings.runtime == "onnxruntime":
-        return [f"inference precision {asked} is not applied: ONNX Runtime's CPU provider computes in the model's "
-                f"own precision"]
+    if not SESSIONS[settings.runtime].precision_hint:
+        return [f"inference precision {asked} is not applied: {SESSIONS[settings.runtime].label} computes in the "
+                f"model's own precision"]
     used = str(effective.get("inference_precision"))
     if used != asked:
         return [f"the profile asks for inference precision {asked}, but OpenVINO on this host computes in {used} "

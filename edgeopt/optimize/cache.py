@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from edgeopt import atomic, jsonio
+from edgeopt.device.formats import file_format, model_suffixes
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.user_code import is_function_spec
 
@@ -49,7 +50,7 @@ def files_digest(spec: str | os.PathLike) -> str:
     elif path.is_dir():
         files = [p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
     else:
-        files = [path, path.with_suffix(".bin")] if path.suffix == ".xml" else [path]
+        files = list(file_format(path).files(path)) if path.suffix.lower() in model_suffixes() else [path]
     sha = hashlib.sha256()
     for file in sorted(f for f in files if f.is_file()):
         sha.update(str(file.relative_to(path.parent if path.is_file() else path)).encode())

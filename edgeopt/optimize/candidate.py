@@ -15,7 +15,7 @@ TIE_TOLERANCE = 0.03  # objective values within 3% count as a tie (measurement n
 class Candidate:
     label: str
     stage: str
-    precision: str
+    precision: str  # the model precision the device must run for this candidate (the plan's)
     recipe: str
     eligible: bool  # the device runs this precision (the FP32 baseline is measured even when it does not)
     skipped: str | None = None  # why it was not built or measured
@@ -31,6 +31,7 @@ class Candidate:
     validation: dict | None = None  # ValidationReport.to_dict()
     timings_ms: list[float] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    built: str | None = None  # the precision label of what was built (e.g. "int4/int8 weights")
     reused: dict[str, bool] = field(default_factory=lambda: {"artifact": False, "measurement": False})
 
     @property
@@ -63,7 +64,8 @@ class Candidate:
 
     def describe(self) -> dict:
         return {
-            "label": self.label, "stage": self.stage, "precision": self.precision, "recipe": self.recipe,
+            "label": self.label, "stage": self.stage, "precision": self.precision, "built_precision": self.built,
+            "recipe": self.recipe,
             "eligible": self.eligible, "skipped": self.skipped, "artifact": str(self.artifact) if self.artifact else None,
             "file_bytes": self.file_bytes,
             "quality": {"top1": self.top1, "reference_top1": self.reference_top1, "top1_drop": self.top1_drop,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgeopt.errors import BadInputError, first_line
-from edgeopt.recipe import Recipe, Step
+from edgeopt.recipe import Recipe, checked, make_step
 from edgeopt.targets import MODEL_PRECISIONS
 
 DEFAULT_PLAN = Path(__file__).with_name("plan.toml")
@@ -84,4 +84,5 @@ def _keys(path: Path, where: str, table, allowed: set[str], required: set[str]) 
 def _recipe(path: Path, label: str, steps) -> Recipe:
     if not isinstance(steps, list) or not all(isinstance(s, dict) and isinstance(s.get("name"), str) for s in steps):
         raise BadInputError(f"{path}: {label}: steps must be a list of tables with a name, e.g. [{{ name = \"int8\" }}]")
-    return Recipe(tuple(Step(s["name"], {k: v for k, v in s.items() if k != "name"}) for s in steps))
+    return checked(Recipe(tuple(make_step(s["name"], {k: v for k, v in s.items() if k != "name"},
+                                          source=f"{path}: {label}") for s in steps)))

@@ -7,7 +7,6 @@ candidates the lowest objective figure; figures within 3% count as a tie, won by
 
 from __future__ import annotations
 
-import inspect
 import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -22,21 +21,12 @@ from edgeopt.evaluate import Quality, QualityGate
 from edgeopt.optimize.cache import Cache, digest, files_digest
 from edgeopt.optimize.candidate import Candidate, choose, closest
 from edgeopt.optimize.plan import DEFAULT_PLAN, PlannedCandidate, load_plan
-from edgeopt.passes import get_pass
-from edgeopt.recipe import Recipe, Step
+from edgeopt.device.formats import format_for_runtime
+from edgeopt.recipe import Recipe
+from edgeopt.reporting.reports import CompressReport, OptimizeReport
 from edgeopt.source import load_model
-from edgeopt.targets import OBJECTIVES, Target, judge, load_target, plan_emulation
+from edgeopt.targets import OBJECTIVES, Measuring, Target, judge, plan_emulation, validate_on
 from edgeopt.versions import tool_versions
-
-
-
-@dataclass(frozen=True)
-class Measuring:
-    """How each candidate is measured on the device (or emulated here)."""
-
-    runs: int = 300
-    warmup: int = 20
-    min_seconds: float = 2.0
 
 
 @dataclass
@@ -53,6 +43,7 @@ class OptimizeResult:
     cache_dir: Path
     plan: Path
     inputs: dict = field(default_factory=dict)
+    chosen_files: list[str] = field(default_factory=list)  # the chosen artifact's files, as written to --out
 
     @property
     def verdict(self) -> str:
@@ -60,15 +51,18 @@ class OptimizeResult:
         return "found" if self.chosen else ("budgets" if self.closest else "quality")
 
     def describe(self) -> dict:
-        return {
+        return self.report().to_dict()
+
+    def report(self) -> OptimizeReport:
+        """The typed report (``report.json``)."""
+        return OptimizeReport(**{
             "verdict": self.verdict,
             "chosen": self.chosen.label if self.chosen else None,
             "closest": self.closest.label if self.closest else None,
             "objective": self.objective,
             "target": self.target.describe(),
             "gate": {"max_top1_drop": self.gate.max_drop, "min_cosine": self.gate.min_cosine},
-            "measuring": {"runs": self.measuring.runs, "warmup": self.measuring.warmup,
-                          "min_seconds": self.measuring.min_seconds, "batch": 1},
+            "measuring": self.measuring.describe(),
             "emulation_note": self.emulation_note,
             "stages_run": self.stages_run,
             "candidates": [c.describe() for c in self.candidates],
@@ -77,7 +71,8 @@ class OptimizeResult:
             "cache": str(self.cache_dir),
             "host": host_info().describe(),
             "versions": tool_versions(),
-        }
+            "chosen_files": self.chosen_files or None,
+        })
 
 
 def search(model: str, calibration: str, eval_data: str, target: Target, *, gate: QualityGate, cache: Cache,
@@ -93,10 +88,12 @@ def search(model: str, calibration: str, eval_data: str, target: Target, *, gate
     source = load_model(model, shapes, target.batch_axes)  # bad inputs fail here, before any work
     load_samples(calibration, source.inputs, source.tokenizer)
     load_samples(eval_data, source.inputs, source.tokenizer)
-    fmt = "openvino" if target.settings.runtime == "openvino" else "onnx"
+    fmt = format_for_runtime(target.settings.runtime).name
     inputs = {"model": files_digest(model), "calibration": files_digest(calibration),
               "evaluation": files_digest(eval_data), "input_shapes": {k: list(v) for k, v in shapes.items()},
-              "batch_axes": dict(target.batch_axes), "seed": seed, "format": fmt, "versions": tool_versions()}
+              "batch_axes": dict(target.batch_axes), "seed": seed, "format": fmt, "versions": tool_versions(),
+              # passes see the target and the gate (weights mode=auto, int8_ac's allowed drop)
+              "target": target.describe(), "gate": {"max_drop": gate.max_drop, "min_cosine": gate.min_cosine}}
     emulation = None if pool else plan_emulation(target, host_info())
     measure_key = digest({"settings": (emulation.settings if emulation else target.settings).describe(),
                           "cpus": emulation.cpus if emulation else None,
@@ -143,11 +140,7 @@ def _skip_reason(planned: PlannedCandidate, target: Target, source_kind: str, do
     if planned.recipe.steps and planned.precision not in target.precisions:
         return f"{target.name} does not run {planned.precision} (it lists {', '.join(target.precisions)})"
     for step in planned.recipe.steps:
-        try:
-            get_pass(step.name)
-        except BadInputError:
-            return f"step '{step.name}' is not available in this edgeopt"
-        if get_pass(step.name).stage == "torch" and source_kind != "torch":
+        if step.info.needs_torch_module and source_kind != "torch":
             return f"step '{step.name}' needs a PyTorch model (this one is {source_kind})"
     if planned.if_gate_failed:
         failed = [c.label for c in done if c.label in planned.if_gate_failed and c.gate_passed is False]
@@ -180,11 +173,9 @@ class _Builder:
 
     def build(self, candidate: Candidate, recipe: Recipe) -> None:
         """Build (or reuse) the artifact, then apply the quality gate to its evaluation."""
-        from edgeopt.pipeline import compress
+        from edgeopt.pipeline import compress_recipe
 
-        recipe = Recipe(tuple(self._with_context(step) for step in recipe.steps))
-        candidate.recipe = recipe.describe()
-        key = digest({"inputs": self.inputs, "recipe": [[s.name, s.params] for s in recipe.steps]})
+        key = digest({"inputs": self.inputs, "recipe": recipe.key()})
         entry = self.cache.entry(key)
         if self.cache.has_entry(key):
             candidate.reused["artifact"] = True
@@ -192,30 +183,30 @@ class _Builder:
         else:
             self.progress(candidate, "building")
             try:
-                compress(self.model, self.calibration, out=entry, recipe=recipe, formats=(self.fmt,),
-                         eval_data=self.eval_data, gate=self.gate, input_shapes=self.shapes, seed=self.seed,
-                         batch_axes=self.target.batch_axes)
+                compress_recipe(self.model, self.calibration, recipe, out=entry, target=self.target,
+                                formats=(self.fmt,), eval_data=self.eval_data, gate=self.gate,
+                                input_shapes=self.shapes, seed=self.seed, measuring=None,
+                                batch_axes=self.target.batch_axes)
             except WriteError:
                 raise
             except BadInputError as exc:
                 candidate.skipped = f"build failed: {first_line(exc)}"
                 return
             self.cache.seal(key)
-        report = json.loads((entry / "report.json").read_text(encoding="utf-8"))
-        artifact = report["artifacts"][0]
+        report = CompressReport.from_dict(json.loads((entry / "report.json").read_text(encoding="utf-8")))
+        artifact = report.artifacts[0]
         candidate.artifact = entry / artifact["path"]
         candidate.file_bytes = artifact["bytes"]
-        candidate.notes = list(report["notes"])
-        original = Quality.from_dict(report["quality"]["original"])
-        quality = Quality.from_dict(report["quality"]["artifacts"][self.fmt])
+        candidate.notes = list(report.notes)
+        candidate.built = artifact["precision"]
+        original = Quality.from_dict(report.quality["original"])
+        quality = Quality.from_dict(report.quality["artifacts"][self.fmt])
         candidate.top1, candidate.reference_top1 = quality.top1, original.top1
         candidate.cosine = quality.fidelity.cosine if quality.fidelity else None
         candidate.gate_passed, candidate.gate_check = self.gate.check(original, quality)
 
     def measure(self, candidate: Candidate) -> None:
         """Measure (or reuse the measurement of) the artifact with the device's settings; check the budgets."""
-        from edgeopt.targets import validate_on
-
         if self.pool is not None:
             self._measure_on_device(candidate)
             return
@@ -227,8 +218,7 @@ class _Builder:
         else:
             self.progress(candidate, "measuring")
             try:
-                report = validate_on(self.target, candidate.artifact, runs=self.measuring.runs,
-                                     warmup=self.measuring.warmup, min_seconds=self.measuring.min_seconds,
+                report = validate_on(self.target, candidate.artifact, measuring=self.measuring,
                                      input_shapes=self.shapes)
             except (BadInputError, RuntimeError) as exc:  # the runtime cannot run this artifact here
                 reason = first_line(exc).replace(str(candidate.artifact), "the artifact")
@@ -255,22 +245,3 @@ class _Builder:
             return
         candidate.validation, candidate.figures = report.to_dict(), report.measured()
         candidate.checks, candidate.timings_ms = report.checks, list(report.timings_ms)
-
-    def _with_context(self, step: Step) -> Step:
-        """Steps that take max_drop / min_cosine get the gate's values, and steps that take a target get the
-        profile, unless the plan set them."""
-        accepted = inspect.signature(get_pass(step.name).run).parameters
-        profile = self.target.name if _on_search_path(self.target) else str(self.target.source)
-        extra = {name: value for name, value in (("max_drop", self.gate.max_drop),
-                                                 ("min_cosine", self.gate.min_cosine), ("target", profile))
-                 if name in accepted and name not in step.params}
-        return Step(step.name, {**step.params, **extra})
-
-
-def _on_search_path(target: Target) -> bool:
-    """Whether the profile's name alone finds its file (short recipe text, stable cache keys)."""
-    try:
-        return load_target(target.name).source == target.source
-    except BadInputError:
-        return False
-

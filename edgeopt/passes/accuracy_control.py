@@ -7,27 +7,39 @@ the mean cosine similarity to the FP32 model's outputs (allowed drop ``1 - min_c
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from edgeopt.errors import BadInputError, first_line
-from edgeopt.evaluate import compare_outputs
-from edgeopt.passes import PassContext, WorkingModel, register
+from edgeopt.evaluate import QualityGate, compare_outputs
+from edgeopt.passes.base import PassContext, WorkingModel
+from edgeopt.passes.config import StepConfig, number
+from edgeopt.passes.quantize import Preset, nncf_preset
+from edgeopt.passes.registry import GRAPH, register
 
 
-@register("int8_ac", stage="graph",
+@dataclass(frozen=True)
+class Int8AcConfig(StepConfig):
+    """``max_drop`` / ``min_cosine`` left out: the quality gate's values (``--max-drop`` / ``--min-cosine``)."""
+
+    max_drop: float | None = number(None, "[0, 1]")
+    min_cosine: float | None = number(None, "[-1, 1]")
+    preset: Preset = "performance"
+    subset_size: int = number(300, "[1, inf)")
+    max_num_iterations: int = number(10, "[1, inf)")
+
+
+@register("int8_ac", Int8AcConfig, stage=GRAPH, formats=("openvino",), sets_precision=True, needs_eval=True,
           summary="INT8 with accuracy control: layers that cost accuracy revert to float "
                   "(nncf.quantize_with_accuracy_control, needs --eval)")
-def int8_ac(model: WorkingModel, ctx: PassContext, *, max_drop: float = 0.01, min_cosine: float = 0.99,
-            preset: str = "performance", subset_size: int = 300, max_num_iterations: int = 10) -> None:
+def int8_ac(model: WorkingModel, ctx: PassContext, config: Int8AcConfig) -> None:
     import nncf
 
-    if ctx.evaluation is None or len(ctx.evaluation) == 0:
-        raise BadInputError("int8_ac: accuracy control needs evaluation data (--eval)")
-    if model.onnx_model is not None:
-        raise BadInputError("int8_ac: accuracy control runs on the OpenVINO model only; ask for --format openvino")
-    presets = {"performance": nncf.QuantizationPreset.PERFORMANCE, "mixed": nncf.QuantizationPreset.MIXED}
-    if preset not in presets:
-        raise BadInputError(f"int8_ac: preset must be one of {', '.join(presets)}")
+    gate = ctx.gate or QualityGate()
+    max_drop = gate.max_drop if config.max_drop is None else config.max_drop
+    min_cosine = gate.min_cosine if config.min_cosine is None else config.min_cosine
+    preset, subset_size, max_num_iterations = config.preset, config.subset_size, config.max_num_iterations
     evaluation = ctx.evaluation
     labels = evaluation.labels
     if labels is not None:
@@ -50,9 +62,9 @@ def int8_ac(model: WorkingModel, ctx: PassContext, *, max_drop: float = 0.01, mi
 
     validation = nncf.Dataset([(feeds, i) for i, feeds in enumerate(evaluation.samples)], lambda item: item[0])
     try:
-        model.ov_model = nncf.quantize_with_accuracy_control(
+        model.graphs["openvino"] = nncf.quantize_with_accuracy_control(
             model.ov_model, ctx.calibration.to_nncf(), validation, validation_fn=validate, max_drop=allowed,
-            drop_type=nncf.DropType.ABSOLUTE, preset=presets[preset],
+            drop_type=nncf.DropType.ABSOLUTE, preset=nncf_preset(preset),
             subset_size=min(subset_size, len(ctx.calibration)),
             advanced_accuracy_restorer_parameters=nncf.AdvancedAccuracyRestorerParameters(
                 max_num_iterations=max_num_iterations),
@@ -60,6 +72,7 @@ def int8_ac(model: WorkingModel, ctx: PassContext, *, max_drop: float = 0.01, mi
     except nncf.ValidationError as exc:
         raise BadInputError(f"int8_ac: {first_line(exc)}") from exc
     model.precision = "int8"
+    model.float_weights_fp16 = True
     model.notes.append(f"int8_ac: {metric} on {len(evaluation)} evaluation samples, max drop {allowed:.4g} "
                        f"(absolute), preset={preset}, at most {max_num_iterations} layers reverted to float")
 

@@ -2,44 +2,64 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.model_type import TRANSFORMER, ModelType, detect_model_type
-from edgeopt.passes import PassContext, WorkingModel, register
-from edgeopt.passes.smooth_quant import quantize_choosing_smooth_quant, smooth_quant_parameters
+from edgeopt.passes.base import PassContext, WorkingModel
+from edgeopt.passes.config import StepConfig, number
 from edgeopt.passes.onnx_int8 import quantize_onnx
+from edgeopt.passes.registry import GRAPH, register
+from edgeopt.passes.smooth_quant import quantize_choosing_smooth_quant, smooth_quant_parameters
+
+Preset = Literal["auto", "performance", "mixed"]
 
 
-@register("int8", stage="graph", summary="INT8 post-training quantization of weights and activations (nncf.quantize)")
-def int8(model: WorkingModel, ctx: PassContext, *, preset: str = "auto", subset_size: int = 300,
-         fast_bias_correction: bool = True, ignored_scope: list[str] | None = None,
-         model_type: str = "auto", smooth_quant_alpha: float | None = None) -> None:
+def nncf_preset(preset: str):
+    import nncf
+
+    return {"auto": None, "performance": nncf.QuantizationPreset.PERFORMANCE,
+            "mixed": nncf.QuantizationPreset.MIXED}[preset]
+
+
+@dataclass(frozen=True)
+class Int8Config(StepConfig):
     """``preset = "auto"``: NNCF's choice for the model type (MIXED, asymmetric activations, for transformers;
     PERFORMANCE otherwise). ``model_type = "auto"``: ``edgeopt.model_type`` recognises transformers.
     ``smooth_quant_alpha`` (transformers; -1 turns it off): by default chosen by measurement
     (``edgeopt.passes.smooth_quant``)."""
+
+    preset: Preset = "auto"
+    subset_size: int = number(300, "[1, inf)")
+    fast_bias_correction: bool = True
+    ignored_scope: list[str] | None = None
+    model_type: Literal["auto", "transformer", "default"] = "auto"
+    smooth_quant_alpha: float | None = None
+
+
+@register("int8", Int8Config, stage=GRAPH, formats=("openvino", "onnx"), sets_precision=True,
+          summary="INT8 post-training quantization of weights and activations (nncf.quantize)")
+def int8(model: WorkingModel, ctx: PassContext, config: Int8Config) -> None:
     import nncf
 
-    presets = {"auto": None, "performance": nncf.QuantizationPreset.PERFORMANCE,
-               "mixed": nncf.QuantizationPreset.MIXED}
-    if preset not in presets:
-        raise BadInputError(f"int8: preset must be one of {', '.join(presets)}")
-    if model_type not in ("auto", "transformer", "default"):
-        raise BadInputError("int8: model_type must be one of auto, transformer, default")
-    kind = (detect_model_type(model.source.model_type, model.ov_model) if model_type == "auto"
-            else ModelType(model_type, "set by the recipe"))
+    kind = (detect_model_type(model.source.model_type, model.ov_model) if config.model_type == "auto"
+            else ModelType(config.model_type, "set by the recipe"))
     transformer = kind.name == TRANSFORMER
+    smooth_quant_alpha = config.smooth_quant_alpha
     kwargs = dict(
-        preset=presets[preset],
-        subset_size=min(subset_size, len(ctx.calibration)),
-        fast_bias_correction=fast_bias_correction,
+        preset=nncf_preset(config.preset),
+        subset_size=min(config.subset_size, len(ctx.calibration)),
+        fast_bias_correction=config.fast_bias_correction,
         model_type=kind.nncf(),
-        ignored_scope=nncf.IgnoredScope(names=list(ignored_scope), validate=False) if ignored_scope else None,
+        ignored_scope=(nncf.IgnoredScope(names=list(config.ignored_scope), validate=False)
+                       if config.ignored_scope else None),
     )
     dataset = ctx.calibration.to_nncf()
     smooth_quant = ""
     try:
         if transformer and smooth_quant_alpha is None:
-            model.ov_model, smooth_quant_alpha, smooth_quant = quantize_choosing_smooth_quant(
+            model.graphs["openvino"], smooth_quant_alpha, smooth_quant = quantize_choosing_smooth_quant(
                 model.ov_model, ctx.calibration.samples,
                 lambda m, advanced: nncf.quantize(m, dataset, **kwargs, advanced_parameters=advanced))
             kwargs["advanced_parameters"] = smooth_quant_parameters(smooth_quant_alpha)
@@ -47,21 +67,22 @@ def int8(model: WorkingModel, ctx: PassContext, *, preset: str = "auto", subset_
             if transformer:
                 kwargs["advanced_parameters"] = smooth_quant_parameters(smooth_quant_alpha)
                 smooth_quant = f"SmoothQuant alpha {smooth_quant_alpha} (set by the recipe)"
-            model.ov_model = nncf.quantize(model.ov_model, dataset, **kwargs)
+            model.graphs["openvino"] = nncf.quantize(model.ov_model, dataset, **kwargs)
     except nncf.ValidationError as exc:
         raise BadInputError(f"int8: {first_line(exc)}") from exc
     except Exception as exc:  # NNCF has no typed error for a graph it cannot handle: name what it said
         raise BadInputError(f"int8: NNCF cannot quantize this model ({unsupported_message(model.ov_model, exc)})") from exc
     model.precision = "int8"
-    chosen = preset if preset != "auto" else ("mixed" if transformer else "performance")
+    model.float_weights_fp16 = True
+    chosen = config.preset if config.preset != "auto" else ("mixed" if transformer else "performance")
     smooth_quant = f", {smooth_quant}" if smooth_quant else ""
     model.notes.append(f"int8: preset={chosen}, subset={kwargs['subset_size']} samples, "
                        f"model_type={kind.describe()}{smooth_quant}")
-    if model.onnx_model is not None:
+    if "onnx" in model.graphs:
         onnx_options = {k: v for k, v in kwargs.items() if k != "subset_size"}
-        picked = quantize_onnx(model.onnx_model, ctx.calibration, subset_size=kwargs["subset_size"],
+        picked = quantize_onnx(model.graphs["onnx"], ctx.calibration, subset_size=kwargs["subset_size"],
                                nncf_options=onnx_options)
-        model.onnx_model = picked.model
+        model.graphs["onnx"] = picked.model
         model.decisions["onnx_int8"] = picked.describe()
         model.notes.append(f"onnx int8: {picked.backend} backend chosen by fusability, measured fidelity, size "
                            f"({', '.join(_summary(c) for c in picked.candidates)}; FP32 p50 {picked.fp32_p50_ms} ms)")
@@ -84,10 +105,19 @@ def unsupported_message(ov_model, exc: BaseException) -> str:
     return text
 
 
-@register("fp16", stage="graph", summary="FP16 weights (OpenVINO IR compressed to FP16, ONNX converted to FP16)")
-def fp16(model: WorkingModel, ctx: PassContext) -> None:
-    if model.onnx_model is not None:
+@dataclass(frozen=True)
+class Fp16Config(StepConfig):
+    pass
+
+
+@register("fp16", Fp16Config, stage=GRAPH, formats=("openvino", "onnx"), sets_precision=True,
+          summary="FP16 weights (OpenVINO IR compressed to FP16, ONNX converted to FP16)")
+def fp16(model: WorkingModel, ctx: PassContext, config: Fp16Config) -> None:
+    if "onnx" in model.graphs:
         from onnxruntime.transformers.float16 import convert_float_to_float16
 
-        model.onnx_model = convert_float_to_float16(model.onnx_model, keep_io_types=True)
+        model.graphs["onnx"] = convert_float_to_float16(model.graphs["onnx"], keep_io_types=True)
+    # OpenVINO: the IR writer stores float constants as FP16 (ov.save_model(compress_to_fp16=True)); the
+    # runtime still computes in the inference precision the device settings pin.
+    model.float_weights_fp16 = True
     model.precision = "fp16"

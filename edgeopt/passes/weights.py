@@ -15,9 +15,13 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from typing import Literal
+
 from edgeopt.errors import BadInputError, first_line
-from edgeopt.passes import PassContext, WorkingModel, register
 from edgeopt.model_type import detect_model_type
+from edgeopt.passes.base import PassContext, WorkingModel
+from edgeopt.passes.config import StepConfig, number
+from edgeopt.passes.registry import GRAPH, register
 
 MODES = ("int8_sym", "int8_asym", "int4_sym", "int4_asym")
 SENSITIVITY = ("weight_quantization_error", "hessian_input_activation", "mean_activation_variance",
@@ -25,6 +29,7 @@ SENSITIVITY = ("weight_quantization_error", "hessian_input_activation", "mean_ac
 DATA_SENSITIVITY = SENSITIVITY[1:]  # these need calibration data
 BACKUP = ("none", "int8_sym", "int8_asym")
 GROUP_FALLBACK = ("error", "ignore", "adjust")
+FORMAT_NAMES = {"openvino": "OpenVINO", "onnx": "ONNX"}
 
 # A device is memory-tight when it has at most this much RAM, or when INT8 weights would take more than this
 # share of its smallest memory budget (file size or peak RSS).
@@ -64,33 +69,71 @@ def default_weight_compression(target, ov_model) -> WeightChoice:
                         f"({target.device.memory_mb} MB RAM): INT8 weights")
 
 
-@register("weights", stage="graph",
+@dataclass(frozen=True)
+class WeightsConfig(StepConfig):
+    """``mode="auto"`` resolves per model and target (``default_weight_compression``); ``target`` names a
+    profile for that choice when the run has none (``--target``)."""
+
+    mode: Literal[("auto", *MODES)] = "auto"  # type: ignore[valid-type]
+    group_size: int | None = None
+    ratio: float | None = number(None, "(0, 1]")
+    sensitivity_metric: Literal[SENSITIVITY] | None = None  # type: ignore[valid-type]
+    awq: bool = False
+    scale_estimation: bool = False
+    gptq: bool = False
+    all_layers: bool = False
+    backup_mode: Literal[BACKUP] | None = None  # type: ignore[valid-type]
+    subset_size: int = number(128, "[1, inf)")
+    group_fallback: Literal[GROUP_FALLBACK] = "error"  # type: ignore[valid-type]
+    target: str | None = None
+
+    def check(self) -> None:
+        if self.group_size is not None and self.group_size < 1 and self.group_size != -1:
+            raise self.error(f"group_size must be a positive integer or -1 (per channel), got {self.group_size!r}")
+        if self.target is not None:
+            if self.mode != "auto":
+                raise self.error("'target' only applies to mode=auto")
+            from edgeopt.targets import load_target
+
+            load_target(self.target)
+        if self.mode != "auto":
+            _check(self.mode, self.group_size, self.ratio, self.sensitivity_metric, self.data_aware,
+                   self.backup_mode)
+
+    @property
+    def data_aware(self) -> list[str]:
+        return [name for name in ("awq", "scale_estimation", "gptq") if getattr(self, name)]
+
+
+@register("weights", WeightsConfig, stage=GRAPH, formats=("openvino", "onnx"), sets_precision=True,
           summary="weight-only INT8/INT4/mixed compression (nncf.compress_weights); mode=auto picks per target")
-def weights(model: WorkingModel, ctx: PassContext, *, mode: str = "auto", group_size: int | None = None,
-            ratio: float | None = None, sensitivity_metric: str | None = None, awq: bool = False,
-            scale_estimation: bool = False, gptq: bool = False, all_layers: bool = False,
-            backup_mode: str | None = None, subset_size: int = 128, group_fallback: str = "error",
-            target: str | None = None) -> None:
+def weights(model: WorkingModel, ctx: PassContext, config: WeightsConfig) -> None:
+    mode, group_size, ratio = config.mode, config.group_size, config.ratio
+    sensitivity_metric, awq, scale_estimation, gptq = (config.sensitivity_metric, config.awq,
+                                                       config.scale_estimation, config.gptq)
+    all_layers, backup_mode, subset_size = config.all_layers, config.backup_mode, config.subset_size
+    group_fallback = config.group_fallback
     reason = None
     if mode == "auto":
-        from edgeopt.targets import load_target
+        target = ctx.target
+        if config.target is not None:
+            from edgeopt.targets import load_target
 
-        choice = default_weight_compression(load_target(target) if target else None, model.ov_model)
+            target = load_target(config.target)
+        choice = default_weight_compression(target, model.ov_model)
         reason = choice.reason
         mode = choice.params["mode"]
         group_size = choice.params.get("group_size") if group_size is None else group_size
         ratio = choice.params.get("ratio") if ratio is None else ratio
-    elif target is not None:
-        raise BadInputError("weights: 'target' only applies to mode=auto")
-    data_aware = [name for name, on in (("awq", awq), ("scale_estimation", scale_estimation), ("gptq", gptq)) if on]
+    data_aware = config.data_aware
     try:
-        _check(mode, group_size, ratio, sensitivity_metric, data_aware, backup_mode, subset_size, group_fallback)
+        _check(mode, group_size, ratio, sensitivity_metric, data_aware, backup_mode)
     except BadInputError as exc:
         raise BadInputError(f"{exc} (mode=auto chose {mode}: {reason})" if reason else str(exc)) from None
-    if mode == "int4_asym" and model.onnx_model is not None:
+    if mode == "int4_asym" and "onnx" in model.graphs:
         raise BadInputError("weights: int4_asym cannot be saved as ONNX (NNCF's ONNX backend writes MatMulNBits "
                             "zero points that ONNX Runtime rejects); use int4_sym, or --format openvino")
-    if gptq and model.onnx_model is not None:
+    if gptq and "onnx" in model.graphs:
         raise BadInputError("weights: NNCF's ONNX backend has no GPTQ; use --format openvino, or awq / "
                             "scale_estimation")
     uses_data = bool(data_aware) or sensitivity_metric in DATA_SENSITIVITY
@@ -101,45 +144,31 @@ def weights(model: WorkingModel, ctx: PassContext, *, mode: str = "auto", group_
     if uses_data:
         kwargs |= {"dataset": ctx.calibration.to_nncf(), "subset_size": min(subset_size, len(ctx.calibration))}
     skipped: list[str] = []
-    model.ov_model = _compress(model.ov_model, kwargs, "OpenVINO", skipped)
-    if model.onnx_model is not None:
-        model.onnx_model = _compress(model.onnx_model, kwargs, "ONNX", skipped)
+    for fmt, graph in model.graphs.items():
+        model.graphs[fmt] = _compress(graph, kwargs, FORMAT_NAMES[fmt], skipped)
     int4 = mode.startswith("int4")
     mixed = int4 and ((ratio is not None and ratio < 1) or not all_layers)
     rest = "float" if backup_mode == "none" else "int8"
+    model.float_weights_fp16 = True
     model.precision = (f"int4/{rest}" if mixed else "int4" if int4 else "int8") + " weights"
     model.notes.append(_describe(mode, group_size, ratio, sensitivity_metric, data_aware, all_layers, backup_mode,
                                  kwargs.get("subset_size") if uses_data else None, reason))
     model.notes.extend(skipped)
 
 
-def _check(mode, group_size, ratio, sensitivity, data_aware, backup, subset_size, group_fallback) -> None:
+def _check(mode, group_size, ratio, sensitivity, data_aware, backup) -> None:
+    """Rules between parameters once the mode is known (at parse time, or after ``mode=auto`` resolved)."""
     def bad(message: str) -> BadInputError:
         return BadInputError(f"weights: {message}")
 
-    if mode not in MODES:
-        raise bad(f"mode must be auto or one of {', '.join(MODES)}, got {mode!r}")
     int4 = mode.startswith("int4")
-    if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int)
-                                   or (group_size < 1 and group_size != -1)):
-        raise bad(f"group_size must be a positive integer or -1 (per channel), got {group_size!r}")
     if group_size not in (None, -1) and not int4:
         raise bad(f"group_size applies to INT4 modes only ({mode} is per channel)")
-    if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1):
-        raise bad(f"ratio must be in (0, 1], got {ratio!r}")
     if ratio is not None and ratio < 1 and not int4:
         raise bad(f"ratio < 1 mixes INT4 with a backup precision; {mode} has no INT4 part")
-    if sensitivity is not None and sensitivity not in SENSITIVITY:
-        raise bad(f"sensitivity_metric must be one of {', '.join(SENSITIVITY)}, got {sensitivity!r}")
     options = [*data_aware, *(["sensitivity_metric"] if sensitivity else []), *(["backup_mode"] if backup else [])]
     if options and not int4:
         raise bad(f"{', '.join(options)} apply to INT4 modes only ({mode} compresses every weight to INT8)")
-    if backup is not None and backup not in BACKUP:
-        raise bad(f"backup_mode must be one of {', '.join(BACKUP)}, got {backup!r}")
-    if isinstance(subset_size, bool) or not isinstance(subset_size, int) or subset_size < 1:
-        raise bad(f"subset_size must be a positive integer, got {subset_size!r}")
-    if group_fallback not in GROUP_FALLBACK:
-        raise bad(f"group_fallback must be one of {', '.join(GROUP_FALLBACK)}, got {group_fallback!r}")
 
 
 def _nncf_kwargs(mode, group_size, ratio, sensitivity, awq, scale_estimation, gptq, all_layers, backup,

@@ -25,7 +25,7 @@ from importlib import metadata
 from pathlib import Path
 
 from edgeopt import __version__
-from edgeopt.bundle import write_bundle
+from edgeopt.bundle_writer import write_bundle
 from edgeopt.device.runtime import runtime_version
 from edgeopt.device.validate import ValidationReport
 from edgeopt.errors import BadInputError, DeviceError, first_line
@@ -135,7 +135,7 @@ def measure(device: Device, target: Target, model: Path, *, runs: int = 300, war
 
 
 def _check_packaged(bundle: Path, target: Target) -> None:
-    from edgeopt.device.bundle import open_bundle
+    from edgeopt.device.bundle_reader import open_bundle
 
     packaged = open_bundle(bundle).manifest["target"]["name"]
     if packaged != target.name:

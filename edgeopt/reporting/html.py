@@ -28,35 +28,36 @@ def render(report: dict, images: dict[str, bytes]) -> str:
     """``images`` maps a title to PNG bytes."""
     title = f"edgeopt optimize — {escape(report['target']['name'])}"
     parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{title}</title>"
-             f"<style>{_CSS}</style></head><body>", f"<h1>{title}</h1>",
-             f"<p class='verdict {report['verdict']}'>{escape(tables.verdict(report))}</p>"]
-    if report.get("chosen_files"):
-        parts.append("<p>Chosen artifact (beside this report): "
-                     + ", ".join(f"<code>{escape(f)}</code>" for f in report["chosen_files"]) + "</p>")
-    parts.append(f"<p>Stages run: {escape(' → '.join(report['stages_run']))}</p><h2>Candidates</h2>")
-    parts.append(_table(tables.CANDIDATE_HEADERS, tables.candidate_rows(report)))
-    parts.append("<p>Green row: chosen · yellow row: closest (no candidate passed). Sizes in decimal KB/MB; "
-                 "latency in ms, batch 1.</p><h2>Budgets per candidate</h2>")
-    parts.append(_table(tables.budget_headers(report), tables.budget_rows(report)))
-    parts.append("<h2>Plots</h2>")
-    for name, png in images.items():
-        data = base64.b64encode(png).decode("ascii")
-        parts.append(f"<figure><img alt='{escape(name)}' src='data:image/png;base64,{data}'>"
-                     f"<figcaption>{escape(name)}</figcaption></figure>")
-    parts.append("<h2>How it was measured</h2><dl>")
-    parts += [f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>" for k, v in tables.settings_lines(report)]
-    parts.append("</dl>")
-    notes = [(c["label"], note) for c in report["candidates"] for note in c["notes"]]
-    if notes:
-        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li><b>{escape(label)}</b>: {escape(note)}</li>"
-                                                     for label, note in notes) + "</ul>")
+             f"<style>{_CSS}</style></head><body>", f"<h1>{title}</h1>"]
+    for section in tables.sections(report):
+        if section.title:
+            parts.append(f"<h2>{escape(section.title)}</h2>")
+        if section.kind == "verdict":
+            parts.append(f"<p class='verdict {report['verdict']}'>{escape(section.body)}</p>")
+        elif section.kind == "text":
+            parts.append(f"<p>{escape(section.body)}</p>")
+        elif section.kind == "table":
+            headers, rows, footnote = section.body
+            parts.append(_table(headers, rows) + (f"<p>{escape(footnote)}</p>" if footnote else ""))
+        elif section.kind == "figures":
+            for name, png in images.items():
+                data = base64.b64encode(png).decode("ascii")
+                parts.append(f"<figure><img alt='{escape(name)}' src='data:image/png;base64,{data}'>"
+                             f"<figcaption>{escape(name)}</figcaption></figure>")
+        elif section.kind == "fields":
+            parts.append("<dl>" + "".join(f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>" for k, v in section.body)
+                         + "</dl>")
+        elif section.kind == "list":
+            parts.append("<ul>" + "".join(f"<li><b>{escape(label)}</b>: {escape(text)}</li>"
+                                          for label, text in section.body) + "</ul>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
 
 def _table(headers, rows: list[tables.Row]) -> str:
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
-    body = "".join(f"<tr class='{row.status}'>" + "".join(_cell(c) for c in row.cells) + "</tr>" for row in rows)
+    body = "".join(f"<tr class='{row.status}'>" + "".join(_cell(c) for c in tables.marked(row)) + "</tr>"
+                   for row in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 

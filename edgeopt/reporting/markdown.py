@@ -7,28 +7,25 @@ from edgeopt.reporting import tables
 
 def render(report: dict, images: dict[str, str]) -> str:
     """``images`` maps a title to a PNG file name beside the report."""
-    lines = [f"# edgeopt optimize — {report['target']['name']}", "", f"**{tables.verdict(report)}**", ""]
-    if report.get("chosen_files"):
-        lines += ["Chosen artifact (beside this report): " + ", ".join(f"`{f}`" for f in report["chosen_files"]), ""]
-    lines += [f"Stages run: {' → '.join(report['stages_run'])}", "", "## Candidates", ""]
-    rows = tables.candidate_rows(report)
-    lines += _table(tables.CANDIDATE_HEADERS, [_mark(r) for r in rows])
-    lines += ["", "★ chosen · ◆ closest (no candidate passed). Sizes in decimal KB/MB; latency in ms, batch 1.", "",
-              "## Budgets per candidate", ""]
-    lines += _table(tables.budget_headers(report), [r.cells for r in tables.budget_rows(report)])
-    lines += ["", "## Plots", ""]
-    lines += [f"![{title}]({name})" for title, name in images.items()] or ["(nothing was measured)"]
-    lines += ["", "## How it was measured", ""]
-    lines += [f"- **{key}**: {value}" for key, value in tables.settings_lines(report)]
-    notes = [f"- {c['label']}: {note}" for c in report["candidates"] for note in c["notes"]]
-    if notes:
-        lines += ["", "## Notes", "", *notes]
-    return "\n".join(lines) + "\n"
-
-
-def _mark(row: tables.Row) -> tuple[str, ...]:
-    prefix = {"chosen": "★ ", "closest": "◆ "}.get(row.status, "")
-    return (row.cells[0], prefix + row.cells[1], *row.cells[2:])
+    lines = [f"# edgeopt optimize — {report['target']['name']}", ""]
+    for section in tables.sections(report):
+        if section.title:
+            lines += [f"## {section.title}", ""]
+        if section.kind == "verdict":
+            lines += [f"**{section.body}**", ""]
+        elif section.kind == "text":
+            lines += [section.body, ""]
+        elif section.kind == "table":
+            headers, rows, footnote = section.body
+            lines += _table(headers, [tables.marked(r) for r in rows]) + [""] + ([footnote, ""] if footnote else [])
+        elif section.kind == "figures":
+            lines += [f"![{title}]({name})" for title, name in images.items()] or ["(nothing was measured)"]
+            lines += [""]
+        elif section.kind == "fields":
+            lines += [f"- **{key}**: {value}" for key, value in section.body] + [""]
+        elif section.kind == "list":
+            lines += [f"- {label}: {text}" for label, text in section.body] + [""]
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def _table(headers, rows) -> list[str]:

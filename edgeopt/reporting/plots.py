@@ -30,7 +30,7 @@ def latency_histograms(report: dict) -> bytes | None:
         if budget and bins[0] <= budget <= bins[-1]:
             ax.axvline(budget, color="#cf222e", linewidth=2, label="p50 budget")
         ax.set_ylabel("runs")
-        ax.set_title(f"{c['label']} ({c['precision']}): p50 {lat['p50_ms']:.3g} ms, p99 {lat['p99_ms']:.3g} ms, "
+        ax.set_title(f"{c['label']} ({c.get('built_precision') or c['precision']}): p50 {lat['p50_ms']:.3g} ms, p99 {lat['p99_ms']:.3g} ms, "
                      f"{lat['runs']} runs — {status.upper()}", fontsize=9, loc="left")
         ax.legend(fontsize=7, loc="upper right")
     axes[-1, 0].set_xscale("log")

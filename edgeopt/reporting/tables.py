@@ -61,7 +61,7 @@ def candidate_rows(report: dict) -> list[Row]:
             budgets += f" (device does not run {c['precision']})"
         cache = "reused" if c["reused"]["artifact"] and c["reused"]["measurement"] else (
             "built" if not c["reused"]["artifact"] else "re-measured")
-        cells = (c["stage"], c["label"], c["precision"], c["recipe"], size_text(c["file_bytes"]),
+        cells = (c["stage"], c["label"], c.get("built_precision") or c["precision"], c["recipe"], size_text(c["file_bytes"]),
                  _num(fig.get("p50_ms")), _num(fig.get("p95_ms")), _num(fig.get("p99_ms")), _num(fig.get("cv"), 3),
                  f"{fig['peak_rss_mb']:.0f} MB" if fig.get("peak_rss_mb") else "-", quality_text,
                  "PASS" if quality["gate_passed"] else "FAIL", budgets, cache)
@@ -136,3 +136,48 @@ def _by_label(report: dict, label: str) -> dict:
 
 def _num(value, digits: int = 4) -> str:
     return "-" if value is None else f"{value:.{digits}g}"
+
+
+@dataclass(frozen=True)
+class Section:
+    """One part of the optimize report, in the order every renderer shows it.
+
+    ``kind`` says how to lay ``body`` out: ``verdict`` (str), ``text`` (str), ``table`` ((headers, rows,
+    footnote)), ``figures`` (None: the renderer has the images), ``fields`` ([(key, value)]), ``list``
+    ([(label, text)]). ``console`` marks the sections the terminal summary prints too.
+    """
+
+    key: str
+    title: str | None
+    kind: str
+    body: object
+    console: bool = False
+
+
+MARKS = {"chosen": "★ ", "closest": "◆ "}
+
+
+def sections(report: dict) -> list[Section]:
+    """The optimize report's sections, in order: the one layout of the HTML, markdown and console reports."""
+    out = [Section("verdict", None, "verdict", verdict(report), console=True)]
+    if report.get("chosen_files"):
+        out.append(Section("chosen", None, "text",
+                           "Chosen artifact (beside this report): " + ", ".join(report["chosen_files"])))
+    out.append(Section("stages", None, "text", f"Stages run: {' → '.join(report['stages_run'])}"))
+    out.append(Section("candidates", "Candidates", "table",
+                       (CANDIDATE_HEADERS, candidate_rows(report), "★ chosen · ◆ closest (no candidate passed). "
+                        "Sizes in decimal KB/MB; latency in ms, batch 1."), console=True))
+    out.append(Section("budgets", "Budgets per candidate", "table",
+                       (budget_headers(report), budget_rows(report), None)))
+    out.append(Section("plots", "Plots", "figures", None))
+    measured = settings_lines(report)
+    out.append(Section("measured", "How it was measured", "fields", measured, console=True))
+    notes = [(c["label"], note) for c in report["candidates"] for note in c["notes"]]
+    if notes:
+        out.append(Section("notes", "Notes", "list", notes))
+    return out
+
+
+def marked(row: Row) -> tuple[str, ...]:
+    """The row's cells with the chosen / closest mark before the candidate's label."""
+    return (row.cells[0], MARKS.get(row.status, "") + row.cells[1], *row.cells[2:])

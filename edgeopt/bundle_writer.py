@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from edgeopt.atomic import atomic_file
-from edgeopt.device.bundle import MANIFEST, canonical_json, check_manifest, check_member_name
+from edgeopt.device.bundle_reader import MANIFEST, canonical_json, check_manifest, check_member_name
 from edgeopt.device.signature import SIGNATURE
 from edgeopt.errors import BadInputError
 from edgeopt.export import sha256

@@ -1,6 +1,6 @@
 """Read and check a device bundle (``.tar.gz``): manifest schema, sha256 of every file, safe extraction.
 
-Format (written by ``edgeopt.bundle``): a gzip-compressed ustar archive of regular files only, the first
+Format (written by ``edgeopt.bundle_writer``): a gzip-compressed ustar archive of regular files only, the first
 entry ``manifest.json``, then, in a signed bundle, ``signature.json`` (see ``edgeopt.device.signature``); the
 manifest lists every other file with its size and sha256. The reader refuses absolute paths, ``..``, links,
 devices, duplicate names, files the manifest does not list, a declared total size over the extraction limit,

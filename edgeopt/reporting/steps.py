@@ -20,8 +20,8 @@ from edgeopt.device.measure import time_interleaved
 from edgeopt.device.runtime import OpenVINOSession, RuntimeSettings, random_feeds, runtime_version
 from edgeopt.device.stats import latency_stats
 from edgeopt.evaluate import compare_outputs, first_outputs, torch_predictor
-from edgeopt.export import write_ir
-from edgeopt.passes import WorkingModel
+from edgeopt.formats import FORMATS, REFERENCE
+from edgeopt.passes.base import WorkingModel
 from edgeopt.source import SourceModel, to_openvino
 
 
@@ -78,8 +78,10 @@ class StepRecorder:
 
     def __call__(self, label: str, working: WorkingModel) -> None:
         counts = self._counts(working)
-        xml = Path(self._folder.name) / f"step{len(self._sessions)}.xml"
-        size = write_ir(self._openvino(working), xml, compress_to_fp16=working.precision != "fp32")
+        fmt = FORMATS[REFERENCE]
+        xml = fmt.main_file(Path(self._folder.name), f"step{len(self._sessions)}")
+        fmt.write(self._openvino(working), xml, working.float_weights_fp16)
+        size = sum(f.stat().st_size for f in fmt.files(xml))
         session = OpenVINOSession(xml, self.report.settings)
         outputs = first_outputs(session.infer, self.data)
         if self._reference is None:
@@ -111,8 +113,8 @@ class StepRecorder:
         from torch import nn
 
         module = working.torch_module
-        if isinstance(module, nn.Module) and working.ov_model is None and working.precision == "fp32":
-            from edgeopt.passes.prune import count_params_and_macs
+        if isinstance(module, nn.Module) and not working.converted() and working.precision == "fp32":
+            from edgeopt.metrics import count_params_and_macs
 
             return count_params_and_macs(module, self.source.example_input)
         previous = self.report.rows[-1] if self.report.rows else None

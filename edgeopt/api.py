@@ -1,0 +1,58 @@
+"""The public API: one call per capability, the same things the command line does (the CLI is a thin layer
+over these). Every call takes the device profile as a ``Target``, a profile name or a ``.toml`` path.
+
+    import edgeopt
+    result = edgeopt.compress("model.onnx", "calib.npz", out="out/", target="raspberry-pi-4")
+    report = edgeopt.validate("out/", target="raspberry-pi-4")
+    found = edgeopt.optimize("model.py:build", "calib.npz", "eval.npz", target="digits-tight", out="best/")
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from edgeopt import atomic
+from edgeopt.device.validate import ValidationReport
+from edgeopt.evaluate import QualityGate
+from edgeopt.pipeline import CompressResult, as_target, compress
+from edgeopt.targets import Measuring, Target, model_in, validate_on
+
+__all__ = ["compress", "validate", "optimize", "CompressResult"]
+
+
+def validate(artifact: str | Path, target: Target | str | Path, *, measuring: Measuring = Measuring(),
+             input_shapes: dict[str, tuple[int, ...]] | None = None) -> ValidationReport:
+    """Measure ``artifact`` (a model file or an ``edgeopt compress`` folder) with the target's settings and check
+    it against its budgets (emulating the device when this host is not it)."""
+    profile = as_target(target)
+    return validate_on(profile, model_in(artifact, profile.settings.runtime), measuring=measuring,
+                       input_shapes=input_shapes)
+
+
+def optimize(model: str | Path, calibration: str | Path, eval_data: str | Path, *, target: Target | str | Path,
+             out: str | Path, gate: QualityGate | None = None, objective: str | None = None,
+             plan: str | Path | None = None, cache_dir: str | Path | None = None,
+             measuring: Measuring = Measuring(), input_shapes: dict | None = None, seed: int = 0,
+             progress: Callable | None = None, pool=None, warn: Callable[[str], None] | None = None):
+    """Search the plan for the best artifact ``target`` accepts; write it (when one passes) with report.json,
+    report.md, report.html and the figures into ``out`` atomically. Returns the ``OptimizeResult``; its
+    ``verdict`` says found / budgets / quality. ``pool``: an ``edgeopt.remote.pool.DevicePool`` that measures the
+    candidates on devices; ``warn`` hears the cache's warnings."""
+    from edgeopt.optimize.cache import Cache, default_cache_dir
+    from edgeopt.optimize.search import search
+    from edgeopt.reporting import write_reports
+
+    profile = as_target(target)
+    result = search(str(model), str(calibration), str(eval_data), profile, gate=gate or QualityGate(),
+                    cache=Cache(cache_dir or default_cache_dir(), **({"warn": warn} if warn else {})), plan=plan,
+                    measuring=measuring, objective=objective or profile.objective, input_shapes=input_shapes,
+                    seed=seed, pool=pool, **({"progress": progress} if progress else {}))
+    with atomic.atomic_dir(out) as tmp:
+        if result.chosen:
+            result.chosen_files = list(result.chosen.validation["files"])
+            for name in result.chosen_files:
+                shutil.copy2(result.chosen.artifact.parent / name, tmp / name)
+        write_reports(result.describe() | ({"devices": pool.describe()} if pool else {}), tmp)
+    return result

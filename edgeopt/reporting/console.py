@@ -1,0 +1,267 @@
+"""Everything edgeopt prints: rich tables for people (plain text when stdout is not a terminal), progress on
+stderr, and JSON for machines (``emit``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+_STYLE = {"chosen": "bold green", "closest": "bold yellow", "pass": "green", "fail": "red", "skipped": "dim"}
+
+
+def emit(data: dict, show: str | Callable[[], None], json_out: str | None, quiet: bool) -> None:
+    """JSON to a file or alone on stdout (``-``); otherwise ``show`` (a line, or a printer) unless quiet."""
+    from edgeopt import atomic, jsonio
+
+    if json_out == "-":
+        click.echo(jsonio.dumps(data, indent=2))
+    elif json_out:
+        atomic.write_text(json_out, jsonio.dumps(data, indent=2) + "\n")
+    if not quiet and json_out != "-":
+        show() if callable(show) else click.echo(show)
+
+
+def console() -> Console:
+    return Console(stderr=False, highlight=False, soft_wrap=True)
+
+
+def format_bytes(count: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    raise AssertionError("unreachable")
+
+
+def size_ratio(reference: int, size: int) -> str:
+    """``3.51x smaller`` / ``1.02x larger``: how ``size`` compares with ``reference``."""
+    return f"{reference / size:.2f}x smaller" if size <= reference else f"{size / reference:.2f}x larger"
+
+
+def print_compress_result(result) -> None:
+    out = console()
+    out.print(f"recipe: {result.recipe.describe()}")
+    for note in result.notes:
+        out.print(f"  {note}")
+    table = Table(title=f"artifacts in {result.out}")
+    for column in ("model", "precision", "size", "vs FP32 IR", "top-1", "cosine", "quality gate"):
+        table.add_column(column)
+    reference = result.reference
+    if result.fp32_ir_bytes:
+        top1 = f"{reference.top1 * 100:.2f}%" if reference and reference.top1 is not None else "-"
+        table.add_row("original (FP32 IR)", "fp32", format_bytes(result.fp32_ir_bytes), "1.00x", top1, "1", "reference")
+    for artifact in result.artifacts:
+        quality = result.qualities.get(artifact.format)
+        top1 = f"{quality.top1 * 100:.2f}%" if quality and quality.top1 is not None else "-"
+        cosine = f"{quality.fidelity.cosine:.5f}" if quality and quality.fidelity else "-"
+        ratio = size_ratio(result.fp32_ir_bytes, artifact.bytes) if result.fp32_ir_bytes else "-"
+        gate = result.gate_results.get(artifact.format)
+        verdict = "-" if gate is None else ("PASS: " if gate[0] else "FAIL: ") + gate[1]
+        table.add_row(artifact.path.name, artifact.precision, format_bytes(artifact.bytes), ratio, top1, cosine, verdict)
+    out.print(table)
+    print_output_fidelity(result, out)
+    for fmt, versus in result.vs_fp32.items():
+        flags = f" -- FLAGGED: {', '.join(versus.flags)}" if versus.flags else ""
+        out.print(f"{fmt} vs FP32 {fmt} ({versus.settings.runtime}, {versus.settings.threads} threads): "
+                  f"{versus.summary()}{flags}")
+    fp32_weights = result.fp32_weight_bytes
+    for fmt, weights in result.weight_bytes.items():
+        ratio = f", {size_ratio(fp32_weights.total, weights.total)} than FP32 ({format_bytes(fp32_weights.total)})" \
+            if fp32_weights and weights.total else ""
+        out.print(f"weight bytes ({fmt}): {format_bytes(weights.total)}{ratio}")
+    if result.steps is not None:
+        print_step_report(result.steps, out)
+    for validation in result.validations:  # the artifacts the target runs, against its budgets
+        print_validation(validation)
+
+
+def print_output_fidelity(result, out: Console) -> None:
+    """One row per artifact and output, for models with more than one output; gated outputs are marked."""
+    qualities = {name: q for name, q in result.qualities.items() if len(q.outputs) > 1}
+    if not qualities:
+        return
+    table = Table(title="fidelity per output", box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in ("artifact", "output", "gated", "cosine", "max abs err", "mean abs err", "top-1 agree"):
+        table.add_column(column, justify="left" if column in ("artifact", "output", "gated") else "right",
+                         no_wrap=True)
+    for name, quality in qualities.items():
+        gated = {f.output for f in result.gate.gated(quality)}
+        for fidelity in quality.outputs:
+            agreement = "-" if fidelity.top1_agreement is None else f"{fidelity.top1_agreement * 100:.2f}%"
+            table.add_row(name, fidelity.output, "yes" if fidelity.output in gated else "no",
+                          f"{fidelity.cosine:.5f}", f"{fidelity.max_abs_error:.4g}", f"{fidelity.mean_abs_error:.4g}",
+                          agreement)
+    Console(highlight=False, width=max(out.width, 110)).print(table)  # output names: never squeeze into 80
+
+
+def print_step_report(report, out: Console) -> None:
+    """One row per recipe step: what it cost and what it bought; "smaller" and "faster" compare with the original."""
+    how = report.describe()["measured_with"]
+    table = Table(title="after each step", box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in ("step", "prec", "params", "MACs", "IR size", "smaller", "top-1", "cosine", "p50 ms", "faster"):
+        table.add_column(column, justify="left" if column in ("step", "prec") else "right", no_wrap=True)
+    first = report.rows[0]
+    for row in report.rows:
+        table.add_row(row.step, row.precision, _count(row.params), _count(row.macs),
+                      format_bytes(row.ir_bytes), f"{first.ir_bytes / row.ir_bytes:.2f}x",
+                      "-" if row.top1 is None else f"{row.top1 * 100:.2f}%",
+                      "-" if row.cosine is None else f"{row.cosine:.4f}", f"{row.p50_ms:.3f}",
+                      f"{first.p50_ms / row.p50_ms:.2f}x")
+    Console(highlight=False, width=max(out.width, 120)).print(table)  # ten columns: never squeeze into 80
+    out.print(f"latency: {how['latency']}; threads={report.settings.threads}, inference precision "
+              f"{report.settings.inference_precision}; host {how['host_cpu']}; quality: {how['quality']}")
+
+
+def _count(value: int | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value / 1e6:.2f}M" if value >= 1e6 else f"{value / 1e3:.1f}K" if value >= 1e3 else str(value)
+
+
+def print_validation(report) -> None:
+    """The budget table (budget, measured, margin, PASS/FAIL) and how the figures were measured."""
+    out = console()
+    title = f"{report.artifact} on {report.target or 'budgets'}"
+    table = Table(title=title)
+    for column in ("budget", "limit", "measured", "margin", "verdict"):
+        table.add_column(column, justify="left" if column in ("budget", "verdict") else "right")
+    for check in report.checks:
+        measured = "not measured" if check.measured is None else _fmt(check.measured, check.unit)
+        margin = "-" if check.margin is None else f"{_fmt(check.margin, check.unit)} ({check.margin_pct:+.0f}%)"
+        verdict = "[green]PASS[/green]" if check.passed else "[bold red]FAIL[/bold red]"
+        table.add_row(f"{check.name} ({check.description})", _fmt(check.budget, check.unit), measured, margin, verdict)
+    out.print(table)
+    lat = report.latency
+    out.print(f"latency ms: p50 {lat.p50_ms:.4g} · p95 {lat.p95_ms:.4g} · p99 {lat.p99_ms:.4g} · max {lat.max_ms:.4g}"
+              f" · mean {lat.mean_ms:.4g} ± {lat.stddev_ms:.3g} (CV {lat.cv:.3f}, p99/p50 {lat.p99_over_p50:.2f})"
+              f" · {lat.throughput_fps:.0f} inferences/s")
+    if report.runtime_latency:
+        out.print(f"OpenVINO's own per-request time (InferRequest.latency, without the Python call): "
+                  f"p50 {report.runtime_latency.p50_ms:.4g} · p99 {report.runtime_latency.p99_ms:.4g} ms")
+    out.print(f"cold: load+compile {report.load_compile_ms:.1f} ms, first inference {report.first_inference_ms:.3f} ms")
+    rss = report.peak_rss_bytes
+    before = report.rss_before_load_bytes
+    out.print(f"memory: artifact {format_bytes(report.artifact_bytes)} on disk; measuring process RSS "
+              f"{format_bytes(before) if before else '?'} before load, peak {format_bytes(rss) if rss else '?'}")
+    out.print(f"measured with: {report.measured_with(where=False)}")
+    out.print(f"[bold yellow]{report.emulation_note}[/bold yellow]" if report.emulation_note
+              else f"measured on the device itself ({report.host['cpu_model']})")
+    for note in report.notes:
+        out.print(f"note: {note}")
+
+
+def _fmt(value: float, unit: str) -> str:
+    return f"{value:.4g}{' ' + unit if unit else ''}"
+
+
+def print_optimize_result(report: dict, out: Path) -> None:
+    """The report's console sections (candidates ★ chosen / ◆ closest, the verdict, how it was measured), in the
+    order of ``tables.sections``, and what was written."""
+    from edgeopt.reporting import tables
+
+    printer = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    for section in (s for s in tables.sections(report) if s.console):
+        if section.kind == "table":
+            headers, rows, _ = section.body
+            table = Table(title=f"candidates for {report['target']['name']} (★ chosen, ◆ closest)")
+            for header in headers:
+                table.add_column(header, overflow="fold")
+            for row in rows:
+                table.add_row(*tables.marked(row), style=_STYLE[row.status])
+            printer.print(table)
+        elif section.kind == "verdict":
+            printer.print(section.body, style="bold green" if report["verdict"] == "found" else "bold red")
+        elif section.kind == "fields":
+            measured = [value for key, value in section.body if key.startswith("measured with")]
+            printer.print(f"measured with: {measured[0]}" if measured else "nothing was measured")
+    files = ", ".join(report.get("chosen_files", ["no artifact (none passed)"]))
+    printer.print(f"written to {out}: {files}, report.md, report.html, report.json")
+
+
+class SearchProgress:
+    """One line per candidate on stderr (rich), updated as it is built, reused and measured."""
+
+    def __init__(self, quiet: bool):
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self._quiet = quiet
+        self._tasks: dict[str, int] = {}
+        self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                                  console=Console(file=sys.stderr, highlight=False,
+                                                  width=None if sys.stderr.isatty() else 200), redirect_stdout=False,
+                                  redirect_stderr=False, disable=quiet or not sys.stderr.isatty())
+
+    def __enter__(self) -> "SearchProgress":
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._progress.stop()
+
+    def event(self, candidate, event: str) -> None:
+        label = f"[{candidate.stage}] {candidate.label}"
+        if candidate.label not in self._tasks:
+            self._tasks[candidate.label] = self._progress.add_task(label, total=1)
+        task = self._tasks[candidate.label]
+        if event == "skipped":
+            self._progress.update(task, description=f"{label}: skipped ({candidate.skipped})", completed=1)
+        elif event == "done":
+            self._progress.update(task, description=f"{label}: {_summary(candidate)}", completed=1)
+        else:
+            self._progress.update(task, description=f"{label}: {event}…")
+
+
+def _summary(candidate) -> str:
+    if candidate.skipped:
+        return candidate.skipped
+    cache = ("reused from cache" if all(candidate.reused.values())
+             else "artifact reused, measured" if candidate.reused["artifact"] else "built and measured")
+    verdict = "PASS" if candidate.passed else "FAIL: " + ", ".join(
+        ([] if candidate.gate_passed else ["quality gate"]) + [c.name for c in candidate.failing]
+        + ([] if candidate.eligible else [f"device lacks {candidate.precision}"]))
+    return (f"{cache}; {candidate.file_bytes / 1e6:.3g} MB, p50 {candidate.figures['p50_ms']:.3g} ms, "
+            f"{candidate.gate_check}; {verdict}")
+
+
+def print_targets(found: list, host) -> None:
+    """``edgeopt targets list``: one row per profile, and whether this host is the device."""
+    table = Table(title=f"device profiles (this host: {host.cpu_model}, {host.usable_cpus} CPUs)")
+    for column in ("name", "device", "runtime", "p50/p99 ms", "this host"):
+        table.add_column(column, no_wrap=column != "device")
+    for t in found:
+        b, s = t.budgets, t.settings
+        table.add_row(t.name, t.device.name, f"{s.runtime} {s.threads}T {s.inference_precision}",
+                      f"{b.p50_ms:g}/{b.p99_ms:g}", "yes" if t.is_host(host) else "emulated")
+    console().print(table)
+
+
+def print_target(target, emulation) -> None:
+    """``edgeopt targets show``: the resolved profile, its budgets, and how this host would measure it."""
+    from edgeopt.device.budgets import BUDGET_FIELDS
+
+    out = console()
+    chain = f" (extends {' → '.join(target.extends)})" if target.extends else ""
+    out.print(f"[bold]{target.name}[/bold]: {target.description}\nsource: {target.source}{chain}")
+    d = target.device
+    out.print(f"device: {d.name}; {d.cpu}; {d.arch}, {d.cores} cores, {d.memory_mb} MB; ISA {', '.join(d.isa) or '-'}")
+    s = target.settings
+    out.print(f"runtime: {s.runtime}, threads {s.threads}, streams {s.streams}, hint {s.performance_hint}, "
+              f"inference precision {s.inference_precision}")
+    out.print(f"model precisions (preferred first): {', '.join(target.precisions)}")
+    if target.input_shapes:
+        out.print("input shapes: " + ", ".join(f"{k}={list(v)}" for k, v in target.input_shapes.items()))
+    table = Table(title="budgets")
+    for column in ("budget", "limit", "limits"):
+        table.add_column(column)
+    for key, value in target.budgets.items():
+        _, unit, description = BUDGET_FIELDS[key]
+        table.add_row(key, f"{value:g} {unit}".strip(), description)
+    out.print(table)
+    out.print(emulation.note if emulation else "this host is the device: measured natively")
