@@ -49,6 +49,7 @@ from edgeopt.device.budgets import BUDGET_FIELDS, LATENCY_BUDGETS, SPREAD_BUDGET
 from edgeopt.device.host import HostInfo
 from edgeopt.device.runtime import PRECISIONS, RUNTIMES, RuntimeSettings
 from edgeopt.errors import BadInputError, first_line
+from edgeopt.tomlio import read_toml
 
 MODEL_PRECISIONS = ("int8", "fp16", "fp32")
 OBJECTIVES = ("p50_ms", "p95_ms", "p99_ms", "file_mb", "peak_rss_mb")  # what `optimize` minimises
@@ -270,12 +271,7 @@ def _resolve(path: Path, seen: tuple[Path, ...]) -> tuple[dict, tuple[str, ...]]
 
 
 def _read(path: Path) -> dict:
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInputError(f"{path}: cannot read ({first_line(exc)})") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise BadInputError(f"{path}: not valid TOML ({first_line(exc)})") from exc
+    raw = read_toml(path)
     for key, value in raw.items():
         if key in _SCHEMA and key:
             if not isinstance(value, dict):

@@ -26,12 +26,12 @@ default ``~/.config/edgeopt``); the first definition of a name wins. Unknown key
 from __future__ import annotations
 
 import os
-import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from edgeopt.errors import BadInputError, first_line
+from edgeopt.errors import BadInputError
+from edgeopt.tomlio import read_toml
 
 KNOWN_HOSTS_POLICIES = ("strict", "accept-new")
 
@@ -121,12 +121,7 @@ def _from_url(spec: str, profile: str | None) -> Device:
 
 
 def _read(path: Path) -> list[Device]:
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInputError(f"{path}: cannot read ({first_line(exc)})") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise BadInputError(f"{path}: not valid TOML ({first_line(exc)})") from exc
+    raw = read_toml(path)
     unknown = sorted(set(raw) - {"devices"})
     if unknown:
         raise BadInputError(f"{path}: unknown key(s) {', '.join(unknown)} (devices are [devices.NAME] tables)")
