@@ -6,6 +6,9 @@ Public API (imported lazily so that ``edgeopt.device`` stays free of torch and n
     result = edgeopt.compress("model.onnx", "calib.npz", out="out/", recipe="int8")
     result = edgeopt.compress("model.onnx", "calib.npz", out="out/", target="raspberry-pi-4")
     report = edgeopt.validate("out/", target="raspberry-pi-4")
+
+    @edgeopt.metric(primary="f1", max_drop=0.02)     # a task metric for the quality gate (docs/metrics.md)
+    def f1(outputs, targets): ...
 """
 
 __version__ = "0.1.0"
@@ -22,6 +25,9 @@ _LAZY = {
     "load_samples": "edgeopt.data",
     "parse_recipe": "edgeopt.recipe",
     "QualityGate": "edgeopt.evaluate",
+    "metric": "edgeopt.device.task_metric",
+    "MetricSpec": "edgeopt.device.task_metric",
+    "load_metric": "edgeopt.user_metric",
     "RuntimeSettings": "edgeopt.device.runtime",
 }
 

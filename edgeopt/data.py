@@ -2,7 +2,8 @@
 
 Supported sources:
 - ``.npz``: one array per model input (keyed by input name; a single-input model also accepts ``x``/``input``),
-  plus optional ``labels`` (or ``y``). An array holds its samples stacked on a new leading axis (N x the input's
+  plus optional ``labels`` (or ``y``) and targets for a task metric: ``target`` (one array, samples on axis 0)
+  or ``target_NAME`` arrays (each sample's target is then a dict by NAME). An array holds its samples stacked on a new leading axis (N x the input's
   shape) or concatenated along the input's batch axis (``TensorSpec.batch_axis``: axis 1 for a state
   ``[2, B, 128]``); an array of exactly the input's shape, such as a rank-0 sample rate, is shared by every
   sample.
@@ -12,7 +13,8 @@ Supported sources:
 - a folder of images (``.png``/``.jpg``/``.bmp``), optionally in one sub-folder per class (labels from sorted
   folder names); preprocessing from ``preprocess.toml`` in the folder (see ``Preprocess``).
 - ``file.py:function``: a function returning an iterable of samples; a sample is an array, a dict of arrays
-  by input name, or an ``(input, label)`` pair.
+  by input name, or an ``(input, target)`` pair: the target may be anything a task metric reads (boxes,
+  strings, arrays); when every target is one number they are also the class labels top-1 is scored on.
 """
 
 from __future__ import annotations
@@ -30,15 +32,18 @@ from edgeopt.user_code import call, is_function_spec, load_function
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 _SINGLE_INPUT_KEYS = ("x", "input", "inputs", "data", "images")
 _LABEL_KEYS = ("labels", "label", "y")
+TARGET_KEY = "target"  # .npz: "target", or "target_NAME" per named part of each sample's target
 
 
 @dataclass
 class SampleSet:
-    """Batch-1 samples as dicts of arrays by input name, with optional integer labels."""
+    """Batch-1 samples as dicts of arrays by input name, with optional integer labels (class indices, for
+    top-1) and targets (one per sample, any structure, for a task metric; the labels when nothing else)."""
 
     samples: list[dict[str, np.ndarray]]
     labels: np.ndarray | None
     source: str
+    targets: list | None = None
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -47,7 +52,8 @@ class SampleSet:
         if count is None or count >= len(self.samples):
             return self
         labels = None if self.labels is None else self.labels[:count]
-        return SampleSet(self.samples[:count], labels, self.source)
+        targets = None if self.targets is None else self.targets[:count]
+        return SampleSet(self.samples[:count], labels, self.source, targets)
 
     def to_nncf(self):
         """Wrap as ``nncf.Dataset``; each item is an input dict, fed by name to OpenVINO and ONNX models."""
@@ -92,9 +98,10 @@ def load_samples(spec: str | Path, inputs: list[TensorSpec], tokenizer=None) -> 
     """Load ``spec`` as samples matching ``inputs``; an empty or mismatched set is a ``BadInputError``.
     ``tokenizer`` (a Hugging Face tokenizer) turns text files into the inputs."""
     text = str(spec)
+    targets = None
     if is_function_spec(text):
         head, _, func = text.rpartition(":")
-        raw, labels = _from_hook(Path(head), func, inputs)
+        raw, labels, targets = _from_hook(Path(head), func, inputs)
     else:
         path = Path(text)
         if not path.exists():
@@ -102,7 +109,7 @@ def load_samples(spec: str | Path, inputs: list[TensorSpec], tokenizer=None) -> 
         if path.is_dir():
             raw, labels = _from_images(path, inputs)
         elif path.suffix.lower() == ".npz":
-            raw, labels = _from_npz(path, inputs)
+            raw, labels, targets = _from_npz(path, inputs)
         elif path.suffix.lower() == ".npy":
             raw, labels = _from_npy(path, inputs)
         elif path.suffix.lower() in TEXT_SUFFIXES:
@@ -120,7 +127,12 @@ def load_samples(spec: str | Path, inputs: list[TensorSpec], tokenizer=None) -> 
         raise BadInputError(f"{text}: the data set is empty")
     if labels is not None and len(labels) != len(samples):
         raise BadInputError(f"{text}: {len(labels)} labels for {len(samples)} samples")
-    return SampleSet(samples, None if labels is None else _labels(text, labels), text)
+    if targets is not None and len(targets) != len(samples):
+        raise BadInputError(f"{text}: {len(targets)} targets for {len(samples)} samples")
+    labels = None if labels is None else _labels(text, labels)
+    if targets is None and labels is not None:
+        targets = [int(label) for label in labels]
+    return SampleSet(samples, labels, text, targets)
 
 
 def _labels(source: str, labels) -> np.ndarray:
@@ -217,6 +229,8 @@ def _from_npz(path: Path, inputs: list[TensorSpec]):
         raise BadInputError(f"{path}: not a readable .npz file ({first_line(exc)})") from exc
     label_key = next((k for k in _LABEL_KEYS if k in archive), None)
     labels = archive.pop(label_key) if label_key else None
+    targets = _npz_targets(path, {k: archive.pop(k) for k in sorted(archive)
+                                  if k == TARGET_KEY or k.startswith(TARGET_KEY + "_")})
     if len(inputs) == 1 and inputs[0].name not in archive:
         key = next((k for k in _SINGLE_INPUT_KEYS if k in archive), None)
         if key is None and len(archive) == 1:
@@ -227,7 +241,23 @@ def _from_npz(path: Path, inputs: list[TensorSpec]):
     missing = [spec.name for spec in inputs if spec.name not in archive]
     if missing:
         raise BadInputError(f"{path}: no array for input(s) {', '.join(missing)} (found {', '.join(sorted(archive))})")
-    return _zip_inputs({spec.name: _split(archive[spec.name], spec, path) for spec in inputs}, path), labels
+    return _zip_inputs({spec.name: _split(archive[spec.name], spec, path) for spec in inputs}, path), labels, targets
+
+
+def _npz_targets(path: Path, arrays: dict[str, np.ndarray]) -> list | None:
+    """Per-sample targets from ``target`` (the array's rows) or ``target_NAME`` arrays (a dict per sample)."""
+    if not arrays:
+        return None
+    if TARGET_KEY in arrays and len(arrays) > 1:
+        raise BadInputError(f"{path}: give either '{TARGET_KEY}' or '{TARGET_KEY}_NAME' arrays, not both")
+    counts = {k: len(v) if v.ndim else 0 for k, v in arrays.items()}
+    if len(set(counts.values())) != 1 or 0 in counts.values():
+        raise BadInputError(f"{path}: target arrays must hold one row per sample on axis 0 (rows: "
+                            f"{', '.join(f'{k}={n}' for k, n in counts.items())})")
+    count = next(iter(counts.values()))
+    if TARGET_KEY in arrays:
+        return list(arrays[TARGET_KEY])
+    return [{k[len(TARGET_KEY) + 1:]: v[i] for k, v in arrays.items()} for i in range(count)]
 
 
 def _from_npy(path: Path, inputs: list[TensorSpec]):
@@ -274,15 +304,24 @@ def _from_images(folder: Path, inputs: list[TensorSpec]):
 def _from_hook(path: Path, func: str, inputs: list[TensorSpec]):
     hook = load_function(path, func, "data hook")
     items = call(path, func, lambda: list(hook()))
-    samples, labels = [], []
+    samples, targets = [], []
     for item in items:
-        label = None
+        target = None
         if isinstance(item, tuple) and len(item) == 2:
-            item, label = item
+            item, target = item
         samples.append(item if isinstance(item, dict) else _single(item, inputs, path))
-        labels.append(label)
-    has_labels = bool(labels) and all(label is not None for label in labels)
-    return samples, ([np.asarray(label).reshape(-1)[0] for label in labels] if has_labels else None)
+        targets.append(target.detach().cpu().numpy() if hasattr(target, "detach") else target)
+    if not targets or any(target is None for target in targets):
+        return samples, None, None
+    scalar = all(_is_number(t) for t in targets)  # one number each: class labels as well
+    return samples, ([np.asarray(t).reshape(-1)[0] for t in targets] if scalar else None), targets
+
+
+def _is_number(target) -> bool:
+    if isinstance(target, (str, bytes, dict, list, tuple)):
+        return False
+    array = np.asarray(target)
+    return array.size == 1 and array.dtype.kind in "biuf"
 
 
 def _single(value, inputs: list[TensorSpec], source: Path) -> dict:

@@ -1,7 +1,10 @@
-"""Quality: top-1 accuracy (labelled data) or output fidelity vs the original, and the gate on the drop.
+"""Quality: top-1 accuracy (labelled data) or output fidelity vs the original, or the user's task metric, and
+the gate on the drop.
 
 Every output counts: fidelity is measured per output, and the gate looks at the worst of the outputs it is told
 to (all by default). Top-1 agreement is reported only for outputs that are classifiers (a score per class).
+With a task metric (``--metric file.py:function``, docs/metrics.md) the metric alone decides; fidelity and top-1
+are still measured and reported.
 """
 
 from __future__ import annotations
@@ -12,7 +15,11 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from edgeopt.data import SampleSet
-from edgeopt.device.runtime import RuntimeSettings, open_session
+from edgeopt.device.runtime import RuntimeSettings, open_session, runtime_for
+from edgeopt.device.task_metric import MetricCheck, MetricSpec, MetricValues
+
+
+EVAL_SETTINGS = RuntimeSettings(inference_precision="f32", threads=None)  # how artifacts are run for quality
 
 
 @dataclass(frozen=True)
@@ -34,19 +41,22 @@ class Quality:
     tokens: TokenFidelity | None = None  # next-token agreement and perplexity, for language models
     outputs: tuple[Fidelity, ...] = ()  # every output, in the model's order
     top1_output: str | None = None  # the output the labels are scored on
+    metric: MetricValues | None = None  # the task metric's values, when the gate has one
 
     def describe(self) -> dict:
         described = asdict(self)
         described["outputs"] = {f.output: asdict(f) for f in self.outputs}
+        described["metric"] = self.metric.describe() if self.metric else None
         return described
 
     @classmethod
     def from_dict(cls, data: dict) -> "Quality":
         """The inverse of ``describe`` (reports read back from a cache)."""
-        fidelity, tokens = data.get("fidelity"), data.get("tokens")
+        fidelity, tokens, metric = data.get("fidelity"), data.get("tokens"), data.get("metric")
         outputs = tuple(Fidelity(**f) for f in (data.get("outputs") or {}).values())
         return cls(data["name"], data.get("top1"), Fidelity(**fidelity) if fidelity else None,
-                   TokenFidelity(**tokens) if tokens else None, outputs, data.get("top1_output"))
+                   TokenFidelity(**tokens) if tokens else None, outputs, data.get("top1_output"),
+                   MetricValues.from_dict(metric) if metric else None)
 
 
 @dataclass(frozen=True)
@@ -54,13 +64,27 @@ class QualityGate:
     """Passes when top-1 drops by at most ``max_drop`` (absolute, in [0, 1]) or, without labels, when the
     cosine similarity to the original stays at least ``min_cosine``. A language model must also keep its top-1
     next-token agreement at least ``min_token_agreement`` and its perplexity within ``max_perplexity_ratio`` of
-    the original's."""
+    the original's. With a task ``metric`` only the metric decides: its primary value may drop by at most the
+    metric's allowed drop."""
 
     max_drop: float = 0.01
     min_cosine: float = 0.99
     min_token_agreement: float = 0.9
     max_perplexity_ratio: float = 1.1
     outputs: tuple[str, ...] = ()  # the outputs that matter (default: every output)
+    metric: MetricSpec | None = None  # the user's task metric (replaces top-1, cosine and token checks)
+
+    def describe(self) -> dict:
+        return {"max_top1_drop": self.max_drop, "min_cosine": self.min_cosine, "outputs": list(self.outputs) or "all",
+                "language_model": {"min_token_agreement": self.min_token_agreement,
+                                   "max_perplexity_ratio": self.max_perplexity_ratio},
+                "metric": self.metric.describe() if self.metric else None}
+
+    def metric_check(self, reference: Quality, candidate: Quality) -> MetricCheck | None:
+        """The task metric's verdict, when the gate has a metric and both qualities carry its values."""
+        if self.metric is None or reference.metric is None or candidate.metric is None:
+            return None
+        return self.metric.judge(reference.metric, candidate.metric)
 
     def gated(self, quality: Quality) -> list[Fidelity]:
         """The per-output fidelities the gate looks at."""
@@ -68,7 +92,10 @@ class QualityGate:
 
     def check(self, reference: Quality, candidate: Quality) -> tuple[bool, str]:
         """Top-1 drop on the labelled output when labels exist; cosine on every other gated output (the worst
-        one decides)."""
+        one decides); with a task metric, the metric alone."""
+        checked = self.metric_check(reference, candidate)
+        if checked is not None:
+            return checked.passed, checked.message()
         gated = self.gated(candidate) or ([candidate.fidelity] if candidate.fidelity else [])
         verdict, parts = True, []
         if reference.top1 is not None and candidate.top1 is not None:
@@ -107,12 +134,22 @@ class Outputs:
     def index(self, name: str) -> int:
         return self.names.index(name)
 
+    def per_sample(self) -> list[dict[str, np.ndarray]]:
+        """One dict of arrays (by output name, each as one sample gives it) per sample: what a metric reads."""
+        return [{n: v[i].reshape(s) for n, v, s in zip(self.names, self.values, self.shapes)}
+                for i in range(len(self.values[0]) if self.values else 0)]
+
+
+def output_names(names: list[str], count: int) -> list[str]:
+    """The model's output names, or positional ones when it names none (or not all)."""
+    return list(names) if len(names) == count else ["output"] if count == 1 else [f"output{i}" for i in range(count)]
+
 
 def all_outputs(predict, samples: SampleSet, names: list[str]) -> Outputs:
     """Run ``predict(feeds) -> list[array]`` on every sample; stack each output (named by position)."""
     per_sample = [[np.asarray(o) for o in predict(sample)] for sample in samples.samples]
     count = len(per_sample[0])
-    names = list(names) if len(names) == count else ["output"] if count == 1 else [f"output{i}" for i in range(count)]
+    names = output_names(names, count)
     values = [np.concatenate([outs[i].reshape(1, -1) for outs in per_sample]) for i in range(count)]
     return Outputs(names, values, [per_sample[0][i].shape for i in range(count)])
 
@@ -142,15 +179,20 @@ def labelled_output(reference: Outputs, gated: tuple[str, ...] = ()) -> str:
 
 
 def measure_outputs(name: str, outputs: Outputs, labels: np.ndarray | None, reference: Outputs | None, *,
-                    gated: tuple[str, ...] = (), token_ids: np.ndarray | None = None) -> Quality:
+                    gated: tuple[str, ...] = (), token_ids: np.ndarray | None = None,
+                    metric: MetricSpec | None = None, targets: list | None = None) -> Quality:
     """Quality of ``outputs`` against the labels and, per output, against ``reference`` (the original's);
-    ``token_ids`` (from ``language_model_ids``) adds next-token fidelity on the first output."""
+    ``token_ids`` (from ``language_model_ids``) adds next-token fidelity on the first output; ``metric`` (a task
+    metric) is evaluated on every output and the data's ``targets``."""
+    from edgeopt.user_metric import evaluate_metric
+
     basis = reference or outputs
     labelled = labelled_output(basis, gated) if labels is not None else None
     top1 = (float(np.mean(outputs.values[basis.index(labelled)].argmax(axis=1) == labels))
             if labelled is not None else None)
+    values = evaluate_metric(metric, outputs.per_sample(), targets) if metric is not None else None
     if reference is None:
-        return Quality(name, top1, None, top1_output=labelled)
+        return Quality(name, top1, None, top1_output=labelled, metric=values)
     classifiers = classifier_outputs(reference) | ({labelled} if labelled else set())
     per_output = tuple(compare_outputs(o, r, output=n, classifier=n in classifiers)
                        for n, o, r in zip(reference.names, outputs.values, reference.values))
@@ -158,7 +200,16 @@ def measure_outputs(name: str, outputs: Outputs, labels: np.ndarray | None, refe
     worst = min(considered, key=lambda f: f.cosine)
     tokens = (next_token_fidelity(outputs.values[0], reference.values[0], token_ids)
               if token_ids is not None else None)
-    return Quality(name, top1, worst, tokens, per_output, labelled)
+    return Quality(name, top1, worst, tokens, per_output, labelled, values)
+
+
+def original_predictor(source, settings: RuntimeSettings):
+    """The original model (an ``edgeopt.source.SourceModel``) as ``predict(feeds) -> list[array]``: in its own
+    framework, or the runtime its format is native to."""
+    if source.kind == "torch":
+        return torch_predictor(source.torch_module, source.input_names)
+    native = runtime_for(source.path)  # the original in the runtime its format is native to
+    return session_predictor(source.path, settings if native == settings.runtime else RuntimeSettings(runtime=native))
 
 
 def session_predictor(path, settings: RuntimeSettings):

@@ -52,9 +52,10 @@ def check_out_file(out: str | os.PathLike, force: bool = False, needs_bytes: int
 
 def is_own_folder(path: Path) -> bool:
     """A folder edgeopt wrote: it holds a ``report.json`` of ``compress`` or ``optimize`` (by its keys, or an
-    ``edgeopt...`` schema name)."""
+    ``edgeopt...`` schema name), or a golden set's ``golden.json``."""
+    own = path / ("golden.json" if (path / "golden.json").is_file() else "report.json")
     try:
-        report = json.loads((path / "report.json").read_text(encoding="utf-8"))
+        report = json.loads(own.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
         return False
     if not isinstance(report, dict):

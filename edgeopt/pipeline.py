@@ -12,11 +12,12 @@ from edgeopt import atomic, jsonio
 from edgeopt.data import SampleSet, load_samples
 from edgeopt.device.formats import format_for_runtime, model_suffixes
 from edgeopt.device.host import host_info
-from edgeopt.device.runtime import SESSIONS, RuntimeSettings, runtime_for
+from edgeopt.device.runtime import SESSIONS, RuntimeSettings
+from edgeopt.device.golden import GoldenResult, GoldenSet, load_golden
 from edgeopt.device.validate import ValidationReport
 from edgeopt.errors import BadInputError
-from edgeopt.evaluate import (Quality, QualityGate, all_outputs, language_model_ids, measure_outputs,
-                              session_predictor, torch_predictor)
+from edgeopt.evaluate import (EVAL_SETTINGS, Quality, QualityGate, all_outputs, language_model_ids,
+                              measure_outputs, original_predictor, session_predictor)
 from edgeopt.export import Artifact, save_artifacts, saved_bytes
 from edgeopt.formats import FORMATS, REFERENCE, artifact_weight_bytes, format_of, parse_formats
 from edgeopt.passes.base import PassContext, WorkingModel
@@ -31,8 +32,6 @@ from edgeopt.versions import tool_versions
 from edgeopt.vs_fp32 import VsFp32
 from edgeopt.vs_fp32 import compare as compare_with_fp32
 from edgeopt.weight_bytes import WeightBytes
-
-EVAL_SETTINGS = RuntimeSettings(inference_precision="f32", threads=None)
 
 
 @dataclass
@@ -56,6 +55,7 @@ class CompressResult:
     inputs: dict | None = None  # what it was built from (``provenance.describe_inputs``)
     decisions: dict = field(default_factory=dict)  # measured choices passes made (e.g. the ONNX INT8 backend)
     vs_fp32: dict[str, VsFp32] = field(default_factory=dict)  # per format: size and p50 against FP32
+    golden: dict[str, GoldenResult] = field(default_factory=dict)  # per format: against the golden set (--golden)
 
     @property
     def flagged(self) -> dict[str, list[str]]:
@@ -79,6 +79,10 @@ class CompressResult:
     def describe(self) -> dict:
         return self.report().to_dict()
 
+    def _metric_check(self, quality: Quality) -> dict | None:
+        checked = self.gate.metric_check(self.reference, quality) if self.reference else None
+        return checked.describe() if checked else None
+
     def report(self) -> CompressReport:
         """The typed report (``report.json``)."""
         return CompressReport(**{
@@ -91,14 +95,13 @@ class CompressResult:
                              **{k: v.describe() for k, v in self.weight_bytes.items()}},
             "quality": {
                 "evaluated_with": {a.format: self.settings_for(a.runtime).describe() for a in self.artifacts},
-                "gate": {"max_top1_drop": self.gate.max_drop, "min_cosine": self.gate.min_cosine,
-                         "outputs": list(self.gate.outputs) or "all",
-                         "language_model": {"min_token_agreement": self.gate.min_token_agreement,
-                                            "max_perplexity_ratio": self.gate.max_perplexity_ratio}},
+                "gate": self.gate.describe(),
                 "original": self.reference.describe() if self.reference else None,
-                "artifacts": {k: {**q.describe(), "passed": self.gate_results[k][0], "check": self.gate_results[k][1]}
+                "artifacts": {k: {**q.describe(), "passed": self.gate_results[k][0], "check": self.gate_results[k][1],
+                                  "metric_check": self._metric_check(q)}
                               for k, q in self.qualities.items()},
                 "passed": self.quality_passed,
+                **({"golden": {k: g.describe() for k, g in self.golden.items()}} if self.golden else {}),
             },
             "host": host_info().describe(),
             "versions": tool_versions(),
@@ -119,7 +122,8 @@ def compress(model: str | Path, calibration: str | Path, *, out: str | Path, rec
              gate: QualityGate | None = None, input_shapes: dict | None = None, seed: int = 0,
              eval_settings: RuntimeSettings = EVAL_SETTINGS, train_data: str | Path | None = None,
              step_report: bool | None = None, quiet: bool = False, measuring: Measuring = Measuring(),
-             weights: Step | None = None, batch_axes: dict | None = None, task: str | None = None) -> CompressResult:
+             weights: Step | None = None, batch_axes: dict | None = None, task: str | None = None,
+             golden: str | Path | None = None) -> CompressResult:
     """Compress ``model`` with ``recipe`` and write the artifacts to ``out`` atomically.
 
     ``recipe``: steps (``"prune,distill,int8"``, a recipe ``.toml``, or a ``Recipe``); ``precision`` is the
@@ -131,14 +135,15 @@ def compress(model: str | Path, calibration: str | Path, *, out: str | Path, rec
     callers decide what a failure means. ``formats`` default: both, OpenVINO only for an OpenVINO IR input.
     ``train_data`` feeds the torch steps that fine-tune (default: the calibration set). ``step_report`` measures
     the model after every step (default: when the recipe has a PyTorch step). ``batch_axes`` (by input name) and
-    ``task`` (for a Hugging Face model folder) go to ``load_model``.
+    ``task`` (for a Hugging Face model folder) go to ``load_model``. ``golden``: a golden set folder
+    (``edgeopt golden create``) every artifact is also checked against (its tolerances and metric threshold).
     """
     profile = as_target(target)
     return compress_recipe(model, calibration, build_recipe(recipe, precision, weights=weights, target=profile),
                            out=out, target=profile, formats=formats, eval_data=eval_data, gate=gate,
                            input_shapes=input_shapes, seed=seed, eval_settings=eval_settings, train_data=train_data,
                            step_report=step_report, quiet=quiet, measuring=measuring, batch_axes=batch_axes,
-                           task=task)
+                           task=task, golden=golden)
 
 
 def compress_recipe(model: str | Path, calibration: str | Path, recipe: Recipe, *, out: str | Path,
@@ -147,14 +152,17 @@ def compress_recipe(model: str | Path, calibration: str | Path, recipe: Recipe, 
                     input_shapes: dict | None = None, seed: int = 0, eval_settings: RuntimeSettings = EVAL_SETTINGS,
                     train_data: str | Path | None = None, step_report: bool | None = None, quiet: bool = False,
                     measuring: Measuring | None = Measuring(), batch_axes: dict | None = None,
-                    task: str | None = None) -> CompressResult:
+                    task: str | None = None, golden: str | Path | None = None) -> CompressResult:
     """``compress`` with the recipe exactly as given (the target adds no step); ``measuring=None`` skips the
     validation on the target (the search measures its candidates itself)."""
     timer = _Timer()
     profile = target
     formats = _formats(model, formats, profile)
     _check_contracts(recipe, formats, eval_data)
-    gate = gate or QualityGate()
+    gate = with_metric(gate or QualityGate(), recipe, profile)
+    if gate.metric is not None and not eval_data and golden is None:
+        raise BadInputError(f"the task metric {gate.metric.name} needs evaluation data (--eval) or a golden set")
+    golden_set = load_golden(golden) if golden is not None else None
     shapes = {**(profile.input_shapes if profile else {}), **(input_shapes or {})}
     with timer("load"):
         axes = {**(getattr(profile, "batch_axes", None) or {}), **(batch_axes or {})}
@@ -192,6 +200,9 @@ def compress_recipe(model: str | Path, calibration: str | Path, recipe: Recipe, 
             if evaluation is not None:
                 with timer("evaluate"):
                     _evaluate(result, source, evaluation)
+            if golden_set is not None:
+                with timer("golden"):
+                    _check_golden(result, golden_set)
             if profile is not None and measuring is not None and result.quality_passed:
                 with timer("validate"):
                     result.validations = [validate_on(profile, a.path, measuring=measuring, input_shapes=shapes)
@@ -203,6 +214,15 @@ def compress_recipe(model: str | Path, calibration: str | Path, recipe: Recipe, 
     finally:
         if recorder:
             recorder.close()
+
+
+def with_metric(gate: QualityGate, recipe: Recipe, target: Target | None) -> QualityGate:
+    """The gate with the task metric a recipe or profile names, when the caller gave none (the command line's
+    ``--metric`` wins, then the recipe's, then the profile's)."""
+    if gate.metric is not None:
+        return gate
+    declared = recipe.metric or (target.metric if target is not None else None)
+    return replace(gate, metric=declared) if declared is not None else gate
 
 
 def as_target(target: Target | str | Path | None) -> Target | None:
@@ -293,11 +313,12 @@ def _copy_graph(name: str, model):
 
 def _evaluate(result: CompressResult, source: SourceModel, evaluation: SampleSet) -> None:
     """Measure the original in its own framework, then each artifact in its runtime, and apply the gate."""
-    original = _original_predictor(source, result.eval_settings)
+    original = original_predictor(source, result.eval_settings)
     reference = all_outputs(original, evaluation, source.output_names)
     token_ids = language_model_ids(original, evaluation)
     gated = result.gate.outputs
-    result.reference = measure_outputs("original", reference, evaluation.labels, None, gated=gated)
+    result.reference = measure_outputs("original", reference, evaluation.labels, None, gated=gated,
+                                       metric=result.gate.metric, targets=evaluation.targets)
     for artifact in result.artifacts:
         outputs = all_outputs(session_predictor(artifact.path, result.settings_for(artifact.runtime)), evaluation,
                               reference.names)
@@ -305,9 +326,22 @@ def _evaluate(result: CompressResult, source: SourceModel, evaluation: SampleSet
             raise RuntimeError(f"{artifact.path.name} has {len(outputs.values)} outputs, the original "
                                 f"{len(reference.values)}")
         quality = measure_outputs(artifact.format, outputs, evaluation.labels, reference, gated=gated,
-                                  token_ids=token_ids)
+                                  token_ids=token_ids, metric=result.gate.metric, targets=evaluation.targets)
         result.qualities[artifact.format] = quality
         result.gate_results[artifact.format] = result.gate.check(result.reference, quality)
+
+
+def _check_golden(result: CompressResult, golden: GoldenSet) -> None:
+    """Each artifact against the golden set (as evaluated: f32 pinned); a regression fails its gate."""
+    from edgeopt.golden import check_golden
+
+    metric = result.gate.metric if result.gate.metric is not None and golden.metric is not None else None
+    for artifact in result.artifacts:
+        checked = check_golden(golden, artifact.path, result.settings_for(artifact.runtime), metric)
+        result.golden[artifact.format] = checked
+        ok, message = result.gate_results.get(artifact.format, (True, ""))
+        summary = checked.message() if not checked.passed else f"golden set: passed ({checked.samples} samples)"
+        result.gate_results[artifact.format] = (ok and checked.passed, "; ".join(m for m in (message, summary) if m))
 
 
 def _check_gated_outputs(source: SourceModel, gate: QualityGate) -> None:
@@ -315,13 +349,6 @@ def _check_gated_outputs(source: SourceModel, gate: QualityGate) -> None:
     if unknown and source.output_names:
         raise BadInputError(f"--outputs names unknown output(s) {', '.join(unknown)}; the model's outputs are "
                             f"{', '.join(source.output_names)}")
-
-
-def _original_predictor(source: SourceModel, settings: RuntimeSettings):
-    if source.kind == "torch":
-        return torch_predictor(source.torch_module, source.input_names)
-    native = runtime_for(source.path)  # the original in the runtime its format is native to
-    return session_predictor(source.path, settings if native == settings.runtime else RuntimeSettings(runtime=native))
 
 
 class _Timer:

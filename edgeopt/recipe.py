@@ -10,6 +10,9 @@ A recipe file::
     name = "int8"
     preset = "mixed"
 
+A recipe file may also name the task metric the quality gate judges (``metric = "metrics.py:f1"``, a path
+relative to the recipe; docs/metrics.md); ``--metric`` on the command line wins.
+
 Every step is parsed into its pass's typed config (``edgeopt.passes.<pass>``): unknown steps, unknown
 parameters and wrong types, ranges or choices are one-line errors here, before any model is loaded. The rules
 between steps (PyTorch steps first, one step that decides the precision) are checked here too.
@@ -21,6 +24,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edgeopt.device.task_metric import MetricSpec
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.passes.config import StepConfig
 from edgeopt.passes.registry import GRAPH, TORCH, PassInfo, get_pass
@@ -58,6 +62,7 @@ def make_step(name: str, params: dict | None = None, *, source: str = "") -> Ste
 @dataclass(frozen=True)
 class Recipe:
     steps: tuple[Step, ...]
+    metric: MetricSpec | None = None  # the task metric the recipe file names
 
     @property
     def names(self) -> list[str]:
@@ -80,7 +85,7 @@ class Recipe:
 
     def then(self, *steps: Step) -> "Recipe":
         """This recipe followed by ``steps``, checked as a whole."""
-        return checked(Recipe(self.steps + steps))
+        return checked(Recipe(self.steps + steps, self.metric))
 
     def key(self) -> list:
         """Every parameter of every step, defaults included: what cache keys hash."""
@@ -111,9 +116,10 @@ def parse_recipe(text: str) -> Recipe:
             raw = tomllib.loads(path.read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise BadInputError(f"{path}: not valid TOML ({first_line(exc)})") from exc
-        unknown = set(raw) - {"step"}
+        unknown = set(raw) - {"step", "metric"}
         if unknown:
-            raise BadInputError(f"{path}: unknown key(s) {', '.join(sorted(unknown))} (a recipe has [[step]] tables)")
+            raise BadInputError(f"{path}: unknown key(s) {', '.join(sorted(unknown))} (a recipe has [[step]] tables "
+                                f"and an optional metric)")
         tables = raw.get("step", [])
         if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
             raise BadInputError(f"{path}: 'step' must be an array of tables: write each step as [[step]], not [step]")
@@ -124,9 +130,20 @@ def parse_recipe(text: str) -> Recipe:
             if not isinstance(name, str):
                 raise BadInputError(f"{path}: step {index + 1} has no name")
             steps.append(make_step(name, params, source=f"{path}: step {index + 1}"))
-    else:
-        steps = [make_step(name.strip(), source=text) for name in text.split(",") if name.strip()]
+        return checked(Recipe(tuple(steps), _recipe_metric(path, raw.get("metric"))))
+    steps = [make_step(name.strip(), source=text) for name in text.split(",") if name.strip()]
     return checked(Recipe(tuple(steps)))
+
+
+def _recipe_metric(path: Path, value) -> MetricSpec | None:
+    if value is None:
+        return None
+    from edgeopt.user_metric import load_metric
+
+    try:
+        return load_metric(value, relative_to=path.parent)
+    except BadInputError as exc:
+        raise BadInputError(f"{path}: metric: {exc}") from None
 
 
 PRECISION_STEPS = {"int8": "int8", "fp16": "fp16", "fp32": None}  # --precision shorthand -> the step it means

@@ -30,6 +30,10 @@ A profile::
     batch_axes = { state = 1 }      # optional: the batch axis of inputs whose model does not say ("none": none)
     objective = "p50_ms"            # optional: what `optimize` minimises (p50/p95/p99_ms, file_mb, peak_rss_mb)
 
+    [quality]                       # optional: the task metric the quality gate judges (docs/metrics.md)
+    metric = "metrics.py:f1"        # file.py:function, relative to this profile; --metric wins
+    max_drop = 0.02                 # optional: allowed drop in the metric's units (or max_rel_drop, a fraction)
+
 ``abstract = true`` marks a base meant only to be extended. Profiles are looked up in ``$EDGEOPT_TARGETS``
 (folders separated by ``os.pathsep``), then in the repository's ``targets/`` folder, then in
 ``<prefix>/share/edgeopt/targets`` (where a wheel installs them).
@@ -48,6 +52,7 @@ from pathlib import Path
 from edgeopt.device.budgets import BUDGET_FIELDS, LATENCY_BUDGETS, SPREAD_BUDGETS, Budgets, check_budgets
 from edgeopt.device.host import HostInfo
 from edgeopt.device.runtime import PRECISIONS, RUNTIMES, RuntimeSettings
+from edgeopt.device.task_metric import MetricSpec
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.tomlio import read_toml
 
@@ -65,6 +70,7 @@ _SCHEMA: dict[str, dict[str, tuple]] = {
                 "inference_precision": (str,)},
     "budgets": {key: (int, float) for key in BUDGET_FIELDS},
     "model": {"precisions": (list,), "input_shapes": (dict,), "batch_axes": (dict,), "objective": (str,)},
+    "quality": {"metric": (str,), "max_drop": (int, float), "max_rel_drop": (int, float)},
 }
 _REQUIRED = ("description", "device.name", "device.cpu", "device.arch", "device.cores", "device.memory_mb",
              "runtime.name", "runtime.threads", "runtime.inference_precision", "model.precisions",
@@ -93,6 +99,7 @@ class Target:
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     batch_axes: dict[str, int | None] = field(default_factory=dict)  # by input name, where the model does not say
     objective: str = "p50_ms"  # what `edgeopt optimize` minimises among passing candidates
+    metric: MetricSpec | None = None  # the task metric the quality gate judges ([quality])
     source: Path | None = None
     extends: tuple[str, ...] = ()  # the chain of bases, nearest first
 
@@ -106,7 +113,7 @@ class Target:
         return {"name": self.name, "description": self.description, "device": asdict(self.device),
                 "runtime": self.settings.describe(), "budgets": self.budgets.describe(),
                 "precisions": list(self.precisions), "objective": self.objective, "input_shapes": {k: list(v) for k, v in self.input_shapes.items()},
-                "batch_axes": dict(self.batch_axes),
+                "batch_axes": dict(self.batch_axes), **({"metric": self.metric.describe()} if self.metric else {}),
                 "source": str(self.source) if self.source else None, "extends": list(self.extends)}
 
 
@@ -335,8 +342,22 @@ def _build(path: Path, raw: dict, chain: tuple[str, ...]) -> Target:
         settings=settings, budgets=Budgets.from_dict(raw["budgets"], source=f"{path}: budgets"),
         precisions=precisions, input_shapes=_shapes(path, model.get("input_shapes", {})),
         batch_axes=_batch_axes(path, model.get("batch_axes", {})), objective=objective,
-        source=path, extends=chain,
+        metric=_metric(path, raw.get("quality", {})), source=path, extends=chain,
     )
+
+
+def _metric(path: Path, quality: dict) -> MetricSpec | None:
+    if "metric" not in quality:
+        if quality:
+            raise BadInputError(f"{path}: [quality] {', '.join(sorted(quality))} need(s) 'quality.metric'")
+        return None
+    from edgeopt.user_metric import load_metric
+
+    try:
+        return load_metric(quality["metric"], relative_to=path.parent, max_drop=quality.get("max_drop"),
+                           max_rel_drop=quality.get("max_rel_drop"))
+    except BadInputError as exc:
+        raise BadInputError(f"{path}: quality.metric: {exc}") from None
 
 
 def _choice(path: Path, key: str, value: str, allowed: tuple[str, ...]) -> None:

@@ -28,6 +28,9 @@ from edgeopt.out_guard import input_bytes
 @click.option("--step-report/--no-step-report", default=None, help="Measure params, MACs, size, accuracy and "
               "latency after every recipe step (default: on when the recipe has a PyTorch step).")
 @gate_options
+@click.option("--golden", default=None, type=click.Path(file_okay=False),
+              help="A golden set (`edgeopt golden create`): also check every artifact against its per-output "
+                   "tolerances and metric threshold (exit 3 on a regression, naming the worst samples).")
 @click.option("--input-shape", "input_shapes", multiple=True, help="NAME=D1,D2,... for dynamic inputs.")
 @click.option("--batch-axis", "batch_axes", multiple=True, help="NAME=AXIS: the axis of an input that holds the "
               "batch (e.g. state=1; NAME=none for none), where the model does not say it.")
@@ -57,7 +60,7 @@ from edgeopt.out_guard import input_bytes
 def compress(model, calibration, out, formats, precision, recipe, eval_data, max_drop, min_cosine, input_shapes,
              seed, json_out, quiet, target, validate_runs, validate_seconds, device_spec, require_device, package_out,
              build_id, sign, train_data, step_report, force, min_token_agreement, max_perplexity_ratio, gate_outputs,
-             batch_axes, task, **weight_args):
+             batch_axes, task, metric, max_rel_drop, golden, **weight_args):
     """Compress MODEL (ONNX, OpenVINO IR, file.py:factory, TorchScript, .pt2 or a Hugging Face model folder)
     and write IR/ONNX to OUT."""
     from edgeopt.api import compress as run_compress
@@ -84,11 +87,11 @@ def compress(model, calibration, out, formats, precision, recipe, eval_data, max
         result = run_compress(model, calibration, out=out, recipe=recipe, precision=precision, target=target,
                               formats=formats, weights=weights_step(weight_args), eval_data=eval_data,
                               gate=quality_gate(max_drop, min_cosine, min_token_agreement, max_perplexity_ratio,
-                                                gate_outputs),
+                                                gate_outputs, metric, max_rel_drop),
                               input_shapes=parse_input_shapes(input_shapes), seed=seed, train_data=train_data,
                               step_report=step_report, quiet=quiet,
                               measuring=None if device_spec else measuring,
-                              batch_axes=parse_batch_axes(batch_axes), task=task)
+                              batch_axes=parse_batch_axes(batch_axes), task=task, golden=golden)
         if device_spec and result.target is not None and result.quality_passed:
             _validate_remote(result, device_spec, measuring)
     emit(result.describe(), lambda: print_compress_result(result), json_out, quiet)

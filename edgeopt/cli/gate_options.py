@@ -5,8 +5,14 @@ from __future__ import annotations
 import click
 
 _OPTIONS = (
-    click.option("--max-drop", default=1.0, show_default=True, type=click.FloatRange(min=0),
-                 help="Quality gate: largest allowed top-1 drop, in percentage points."),
+    click.option("--max-drop", default=None, type=click.FloatRange(min=0),
+                 help="Quality gate: largest allowed top-1 drop, in percentage points (default 1); with --metric, "
+                      "the metric's largest allowed drop in its own units (default: what the metric declares)."),
+    click.option("--metric", default=None, metavar="FILE.py:FUNCTION",
+                 help="Quality gate on your task metric: FUNCTION(outputs, targets) returns a number or a dict of "
+                      "named numbers (docs/metrics.md); it then decides alone (top-1 and cosine are still reported)."),
+    click.option("--max-rel-drop", default=None, type=click.FloatRange(min=0),
+                 help="With --metric: largest allowed drop as a fraction of the original's value (0.01 = 1%)."),
     click.option("--min-cosine", default=0.99, show_default=True, type=click.FloatRange(-1, 1),
                  help="Quality gate without labels: smallest allowed cosine similarity to the original outputs."),
     click.option("--min-token-agreement", default=0.9, show_default=True, type=click.FloatRange(0, 1),
@@ -28,10 +34,17 @@ def gate_options(command):
     return command
 
 
-def quality_gate(max_drop: float, min_cosine: float, min_token_agreement: float, max_perplexity_ratio: float,
-                 outputs: str | None = None):
+def quality_gate(max_drop: float | None, min_cosine: float, min_token_agreement: float, max_perplexity_ratio: float,
+                 outputs: str | None = None, metric: str | None = None, max_rel_drop: float | None = None):
+    """The ``QualityGate`` the options describe; ``--metric`` is imported now, so a bad file fails first."""
+    from edgeopt.errors import BadInputError
     from edgeopt.evaluate import QualityGate
+    from edgeopt.user_metric import load_metric
 
+    if max_rel_drop is not None and metric is None:
+        raise BadInputError("--max-rel-drop needs --metric (top-1's allowed drop is --max-drop, in points)")
     names = tuple(dict.fromkeys(n.strip() for n in (outputs or "").split(",") if n.strip()))
-    return QualityGate(max_drop=max_drop / 100.0, min_cosine=min_cosine, min_token_agreement=min_token_agreement,
-                       max_perplexity_ratio=max_perplexity_ratio, outputs=names)
+    spec = load_metric(metric, max_drop=max_drop, max_rel_drop=max_rel_drop) if metric else None
+    top1_drop = 1.0 if max_drop is None or spec is not None else max_drop
+    return QualityGate(max_drop=top1_drop / 100.0, min_cosine=min_cosine, min_token_agreement=min_token_agreement,
+                       max_perplexity_ratio=max_perplexity_ratio, outputs=names, metric=spec)

@@ -45,7 +45,7 @@ from edgeopt.targets import OBJECTIVES
 @force_option
 def optimize(model, target, calibration, eval_data, out, max_drop, min_cosine, min_token_agreement,
              max_perplexity_ratio, objective, plan, cache_dir, runs, warmup, min_seconds, input_shapes, device_specs,
-             require_device, seed, json_out, quiet, force, gate_outputs):
+             require_device, seed, json_out, quiet, force, gate_outputs, metric, max_rel_drop):
     """Find the best artifact of MODEL for a device: measure the baseline, then try the plan's stages in order
     (FP16/INT8, accuracy-controlled INT8, weight compression, pruning + distillation) until one meets every
     budget of the profile and the quality gate.
@@ -64,7 +64,8 @@ def optimize(model, target, calibration, eval_data, out, max_drop, min_cosine, m
 
     guard_outputs(out, force, needs_bytes=3 * input_bytes(model), json_out=json_out)
     profile = load_target(target)
-    gate = quality_gate(max_drop, min_cosine, min_token_agreement, max_perplexity_ratio, gate_outputs)
+    gate = quality_gate(max_drop, min_cosine, min_token_agreement, max_perplexity_ratio, gate_outputs, metric,
+                        max_rel_drop)
     pool = None
     if device_specs:
         from edgeopt.optimize.cache import Cache, default_cache_dir

@@ -24,6 +24,7 @@ class Candidate:
     top1: float | None = None
     reference_top1: float | None = None
     cosine: float | None = None
+    metric: dict | None = None  # the task metric's check (MetricCheck.describe()), when the gate has one
     gate_passed: bool | None = None
     gate_check: str = ""
     figures: dict[str, float | None] = field(default_factory=dict)  # see budgets.BUDGET_FIELDS
@@ -69,7 +70,7 @@ class Candidate:
             "eligible": self.eligible, "skipped": self.skipped, "artifact": str(self.artifact) if self.artifact else None,
             "file_bytes": self.file_bytes,
             "quality": {"top1": self.top1, "reference_top1": self.reference_top1, "top1_drop": self.top1_drop,
-                        "cosine": self.cosine, "gate_passed": self.gate_passed, "gate_check": self.gate_check},
+                        "cosine": self.cosine, "metric": self.metric, "gate_passed": self.gate_passed, "gate_check": self.gate_check},
             "figures": self.figures, "checks": [c.describe() for c in self.checks],
             "budgets_passed": self.budgets_passed if self.measured else None, "passed": self.passed,
             "latency_ms": self.validation["latency_ms"] if self.validation else None,

@@ -61,7 +61,8 @@ class OptimizeResult:
             "closest": self.closest.label if self.closest else None,
             "objective": self.objective,
             "target": self.target.describe(),
-            "gate": {"max_top1_drop": self.gate.max_drop, "min_cosine": self.gate.min_cosine},
+            "gate": {"max_top1_drop": self.gate.max_drop, "min_cosine": self.gate.min_cosine,
+                     "metric": self.gate.metric.describe() if self.gate.metric else None},
             "measuring": self.measuring.describe(),
             "emulation_note": self.emulation_note,
             "stages_run": self.stages_run,
@@ -83,7 +84,10 @@ def search(model: str, calibration: str, eval_data: str, target: Target, *, gate
     ``pool`` (``edgeopt.remote.pool.DevicePool``): measure on real devices, in parallel with the next builds."""
     if objective not in OBJECTIVES:
         raise BadInputError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    from edgeopt.pipeline import with_metric
+
     stages = load_plan(plan)
+    gate = with_metric(gate, Recipe(()), target)
     shapes = {**target.input_shapes, **(input_shapes or {})}
     source = load_model(model, shapes, target.batch_axes)  # bad inputs fail here, before any work
     load_samples(calibration, source.inputs, source.tokenizer)
@@ -93,7 +97,8 @@ def search(model: str, calibration: str, eval_data: str, target: Target, *, gate
               "evaluation": files_digest(eval_data), "input_shapes": {k: list(v) for k, v in shapes.items()},
               "batch_axes": dict(target.batch_axes), "seed": seed, "format": fmt, "versions": tool_versions(),
               # passes see the target and the gate (weights mode=auto, int8_ac's allowed drop)
-              "target": target.describe(), "gate": {"max_drop": gate.max_drop, "min_cosine": gate.min_cosine}}
+              "target": target.describe(), "gate": {"max_drop": gate.max_drop, "min_cosine": gate.min_cosine,
+                                                   **_metric_key(gate)}}
     emulation = None if pool else plan_emulation(target, host_info())
     measure_key = digest({"settings": (emulation.settings if emulation else target.settings).describe(),
                           "cpus": emulation.cpus if emulation else None,
@@ -134,6 +139,13 @@ def search(model: str, calibration: str, eval_data: str, target: Target, *, gate
                             emulation.note if emulation else None, cache.root, Path(plan or DEFAULT_PLAN),
                             {"model": str(model), "calibration": str(calibration), "evaluation": str(eval_data)})
     return result
+
+
+def _metric_key(gate: QualityGate) -> dict:
+    """What the cache key holds of the task metric: its declaration and its file's content."""
+    if gate.metric is None:
+        return {}
+    return {"metric": gate.metric.describe(), "metric_file": files_digest(gate.metric.name.rpartition(":")[0])}
 
 
 def _skip_reason(planned: PlannedCandidate, target: Target, source_kind: str, done: list[Candidate]) -> str | None:
@@ -203,6 +215,8 @@ class _Builder:
         quality = Quality.from_dict(report.quality["artifacts"][self.fmt])
         candidate.top1, candidate.reference_top1 = quality.top1, original.top1
         candidate.cosine = quality.fidelity.cosine if quality.fidelity else None
+        checked = self.gate.metric_check(original, quality)
+        candidate.metric = checked.describe() if checked else None
         candidate.gate_passed, candidate.gate_check = self.gate.check(original, quality)
 
     def measure(self, candidate: Candidate) -> None:

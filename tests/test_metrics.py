@@ -1,0 +1,211 @@
+"""User task metrics (``--metric file.py:function``): the contract, targets from data, and the gate in compress,
+int8_ac and optimize, on the tiny detector sample (two outputs, boxes and scores; targets: ragged boxes)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+from edgeopt.device.runtime import TensorSpec
+from edgeopt.device.task_metric import MetricSpec, MetricValues, call_metric, declared_spec, metric
+from edgeopt.errors import BadInputError
+
+DETECTOR = ROOT / "samples" / "tiny_detector"
+MODEL = f"{DETECTOR / 'model.py'}:build"
+CALIB = f"{DETECTOR / 'data.py'}:calib"
+EVAL = f"{DETECTOR / 'data.py'}:eval"
+F1 = f"{DETECTOR / 'metrics.py'}:f1"
+
+
+def test_decorator_declares_direction_primary_and_drop():
+    @metric(primary="cer", higher_is_better=False, max_rel_drop=0.05)
+    def cer(outputs, targets):
+        return {"cer": 0.1, "wer": 0.2}
+
+    spec = declared_spec("m.py:cer", cer)
+    assert (spec.primary, spec.higher_is_better, spec.max_drop, spec.max_rel_drop) == ("cer", False, None, 0.05)
+    values = call_metric(spec, cer, [], None)
+    assert values.value == 0.1 and values.values == {"cer": 0.1, "wer": 0.2}
+    # lower is better: 0.1 -> 0.104 is a drop of 0.004, within 5% of 0.1; 0.106 is not
+    assert spec.judge(values, MetricValues("m", "cer", {"cer": 0.104})).passed
+    check = spec.judge(values, MetricValues("m", "cer", {"cer": 0.106}))
+    assert not check.passed and math.isclose(check.drop, 0.006) and math.isclose(check.allowed, 0.005)
+    # the command line's drop replaces the declared one
+    assert spec.with_drops(max_drop=0.01).judge(values, MetricValues("m", "cer", {"cer": 0.106})).passed
+
+
+def test_undecorated_metric_defaults_to_higher_is_better_and_one_percent():
+    spec = declared_spec("m.py:acc", lambda outputs, targets: 0.5)
+    assert spec.higher_is_better and spec.max_drop is None and spec.max_rel_drop == 0.01
+    assert call_metric(spec, lambda o, t: np.float32(0.5), [], None).value == 0.5
+
+
+@pytest.mark.parametrize("returned, message", [
+    (float("nan"), "returned nan"), (float("inf"), "returned inf"), ("good", "returned a str"),
+    ({"a": 1.0, "b": 2.0}, "no 'value'"), ({"f1": None}, "returned 'f1'=a NoneType"), ({}, "empty dict"),
+    (True, "returned a bool"),
+])
+def test_bad_metric_results_are_refused_naming_the_metric(returned, message):
+    spec = MetricSpec("hooks.py:bad")
+    with pytest.raises(BadInputError, match="metric hooks.py:bad") as caught:
+        call_metric(spec, lambda outputs, targets: returned, [], None)
+    assert message in str(caught.value)
+
+
+def test_a_raising_metric_is_one_line_naming_it():
+    def broken(outputs, targets):
+        raise KeyError("boxes")
+
+    with pytest.raises(BadInputError, match=r"metric hooks.py:broken failed \(KeyError: 'boxes'\)"):
+        call_metric(MetricSpec("hooks.py:broken"), broken, [], None)
+
+
+def test_targets_from_npz_and_hooks(tmp_path):
+    from edgeopt.data import load_samples
+
+    inputs = [TensorSpec("input", [1, 2], "float32")]
+    path = tmp_path / "d.npz"
+    np.savez(path, input=np.zeros((3, 1, 2), np.float32), target_boxes=np.ones((3, 5, 4)), target_count=np.arange(3))
+    data = load_samples(path, inputs)
+    assert data.labels is None and set(data.targets[2]) == {"boxes", "count"} and data.targets[2]["count"] == 2
+    np.savez(path, input=np.zeros((3, 1, 2), np.float32), target=np.arange(6).reshape(3, 2))
+    assert load_samples(path, inputs).targets[1].tolist() == [2, 3]
+    np.savez(path, input=np.zeros((3, 1, 2), np.float32), labels=np.arange(3))
+    assert load_samples(path, inputs).targets == [0, 1, 2]  # labels are the targets when nothing else is
+    np.savez(path, input=np.zeros((3, 1, 2), np.float32), target=np.arange(2))
+    with pytest.raises(BadInputError, match="2 targets for 3 samples"):
+        load_samples(path, inputs)
+    hook = tmp_path / "hook.py"
+    hook.write_text("import numpy as np\ndef data():\n"
+                    "    return [(np.zeros((1, 2), np.float32), {'text': 'ab', 'boxes': np.ones((i, 4))})"
+                    " for i in range(3)]\n")
+    data = load_samples(f"{hook}:data", inputs)
+    assert data.labels is None and data.targets[1]["text"] == "ab" and data.targets[2]["boxes"].shape == (2, 4)
+
+
+def test_recipe_and_profile_name_a_metric(tmp_path):
+    from edgeopt.recipe import parse_recipe
+    from edgeopt.targets import load_target
+
+    (tmp_path / "m.py").write_text("from edgeopt import metric\n@metric(primary='f1', max_drop=0.1)\n"
+                                   "def f1(outputs, targets):\n    return {'f1': 1.0}\n")
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('metric = "m.py:f1"\n[[step]]\nname = "int8"\n')
+    parsed = parse_recipe(str(recipe))
+    assert parsed.metric.primary == "f1" and parsed.metric.max_drop == 0.1
+    assert parsed.metric.name == f"{tmp_path / 'm.py'}:f1"
+    recipe.write_text('metric = "m.py:nope"\n[[step]]\nname = "int8"\n')
+    with pytest.raises(BadInputError, match="has no function 'nope'"):
+        parse_recipe(str(recipe))
+    profile = tmp_path / "dev.toml"
+    profile.write_text('extends = "generic-x86-avx2-2core"\ndescription = "x"\n'
+                       '[quality]\nmetric = "m.py:f1"\nmax_rel_drop = 0.03\n')
+    target = load_target(str(profile))
+    assert target.metric.max_rel_drop == 0.03 and target.metric.max_drop is None
+    profile.write_text('extends = "generic-x86-avx2-2core"\ndescription = "x"\n[quality]\nmetrik = "m.py:f1"\n')
+    with pytest.raises(BadInputError, match="unknown key 'quality.metrik'"):
+        load_target(str(profile))
+
+
+@pytest.fixture(scope="module")
+def detector_int8(tmp_path_factory):
+    """The tiny detector compressed to INT8 with F1 as the gate."""
+    from click.testing import CliRunner
+
+    from edgeopt.cli import main
+
+    out = tmp_path_factory.mktemp("detector") / "out"
+    result = CliRunner().invoke(main, ["compress", MODEL, "--calib", CALIB, "--eval", EVAL, "--metric", F1,
+                                       "--format", "openvino", "--out", str(out)], catch_exceptions=False)
+    return result, out, json.loads((out / "report.json").read_text())
+
+
+def test_compress_is_gated_by_the_user_metric(detector_int8):
+    result, out, report = detector_int8
+    assert result.exit_code == 0, result.output
+    quality = report["quality"]
+    assert quality["gate"]["metric"] == {"name": F1, "primary": "f1", "direction": "higher", "max_drop": 0.02,
+                                         "max_rel_drop": None}
+    original = quality["original"]["metric"]
+    assert original["primary"] == "f1" and set(original["values"]) == {"f1", "precision", "recall", "mean_iou"}
+    assert original["value"] > 0.8  # the sample detector is trained: F1 is meaningful
+    check = quality["artifacts"]["openvino"]["metric_check"]
+    assert check["reference"] == original["value"] and check["threshold"] == 0.02 and check["passed"]
+    assert math.isclose(check["drop"], check["reference"] - check["value"])
+    assert quality["artifacts"]["openvino"]["check"].startswith("f1 ")  # the metric decides, not cosine
+    assert set(quality["artifacts"]["openvino"]["outputs"]) == {"boxes", "scores"}  # fidelity still reported
+
+
+def test_the_metric_gate_fails_with_exit_3_when_the_artifact_is_worse(detector_int8, cli, tmp_path):
+    """mean IoU of the matched boxes moves under INT8; declared so that the INT8 value is the worse one and no
+    drop is allowed, the same compress exits 3 naming the metric."""
+    _, _, report = detector_int8
+    reference = report["quality"]["original"]["metric"]["values"]["mean_iou"]
+    value = report["quality"]["artifacts"]["openvino"]["metric"]["values"]["mean_iou"]
+    assert value != reference
+    hook = tmp_path / "iou.py"
+    hook.write_text(f"import sys\nsys.path.insert(0, {str(DETECTOR)!r})\nfrom edgeopt import metric\n"
+                    "from metrics import f1\n"
+                    f"@metric(primary='mean_iou', higher_is_better={value < reference}, max_drop=0)\n"
+                    "def iou(outputs, targets):\n    return f1(outputs, targets)\n")
+    result = cli("compress", MODEL, "--calib", CALIB, "--eval", EVAL, "--metric", f"{hook}:iou", "--format",
+                 "openvino", "--out", tmp_path / "out")
+    assert result.exit_code == 3, result.output
+    assert "quality gate failed: openvino: mean_iou" in result.stderr and f"metric {hook}:iou" in result.stderr
+    check = json.loads((tmp_path / "out" / "report.json").read_text())["quality"]["artifacts"]["openvino"]
+    assert check["metric_check"]["passed"] is False and check["metric_check"]["drop"] > 0
+
+
+@pytest.mark.parametrize("body, message", [
+    ("    raise ValueError('no boxes here')\n", "failed (ValueError: no boxes here)"),
+    ("    return float('nan')\n", "returned nan"),
+    ("    return 'ok'\n", "returned a str"),
+])
+def test_a_bad_metric_hook_exits_2_naming_it(cli, tmp_path, body, message):
+    hook = tmp_path / "bad.py"
+    hook.write_text("def score(outputs, targets):\n" + body)
+    result = cli("compress", MODEL, "--calib", CALIB, "--eval", EVAL, "--metric", f"{hook}:score",
+                 "--format", "openvino", "--out", tmp_path / "out")
+    assert result.exit_code == 2, result.output
+    assert f"metric {hook}:score" in result.stderr and message in result.stderr
+    assert "Traceback" not in result.output and len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_metric_options_are_checked_before_any_work(cli, tmp_path):
+    result = cli("compress", MODEL, "--calib", CALIB, "--eval", EVAL, "--metric", f"{tmp_path}/none.py:f",
+                 "--out", tmp_path / "out")
+    assert result.exit_code == 2 and "no such metric file" in result.stderr
+    result = cli("compress", MODEL, "--calib", CALIB, "--eval", EVAL, "--max-rel-drop", "0.1", "--out", tmp_path / "o")
+    assert result.exit_code == 2 and "--max-rel-drop needs --metric" in result.stderr
+    result = cli("compress", MODEL, "--calib", CALIB, "--metric", F1, "--out", tmp_path / "out")
+    assert result.exit_code == 2 and "needs evaluation data (--eval)" in result.stderr
+
+
+def test_int8_ac_uses_the_metric_as_nncf_validation_fn(cli, tmp_path):
+    result = cli("compress", MODEL, "--calib", CALIB, "--eval", EVAL, "--metric", F1, "--max-rel-drop", "0.01",
+                 "--recipe", "int8_ac", "--format", "openvino", "--out", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert any(f"int8_ac: metric f1 ({F1})" in note and "(relative)" in note for note in report["notes"])
+    check = report["quality"]["artifacts"]["openvino"]["metric_check"]
+    assert check["passed"] and check["max_rel_drop"] == 0.01 and check["max_drop"] is None
+
+
+@pytest.mark.slow
+def test_optimize_judges_candidates_by_the_metric(cli, tmp_path):
+    plan = tmp_path / "plan.toml"
+    plan.write_text('[[stage]]\nname = "cheap"\n[[stage.candidate]]\nlabel = "int8"\nprecision = "int8"\n'
+                    'steps = [{ name = "int8" }]\n')
+    result = cli("optimize", MODEL, "--target", "generic-x86-avx2-2core", "--calib", CALIB, "--eval", EVAL,
+                 "--metric", F1, "--out", tmp_path / "out", "--cache", tmp_path / "cache", "--plan", plan,
+                 "--runs", "20", "--warmup", "2", "--min-seconds", "0")
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["gate"]["metric"]["name"] == F1
+    candidate = report["candidates"][0]
+    assert candidate["quality"]["metric"]["primary"] == "f1" and candidate["quality"]["gate_passed"], result.output
+    assert candidate["quality"]["gate_check"].startswith("f1 ")
