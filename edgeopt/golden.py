@@ -14,8 +14,8 @@ import numpy as np
 from edgeopt import atomic, jsonio
 from edgeopt.data import load_samples
 from edgeopt.device.golden import (ARRAYS, MANIFEST, METRIC_FILE, SCHEMA, TARGETS, GoldenResult, GoldenSet,
-                                   Tolerance, compare, encode, load_golden, load_metric_file)
-from edgeopt.device.runtime import RuntimeSettings
+                                   Tolerance, compare, encode, load_metric_file, session_predict)
+from edgeopt.device.runtime import RuntimeSettings, open_session
 from edgeopt.device.task_metric import MetricSpec
 from edgeopt.errors import BadInputError
 
@@ -108,20 +108,7 @@ def check_golden(golden: GoldenSet, artifact: Path, settings: RuntimeSettings,
         original = golden.metric["name"]
         if function is None and Path(original.rpartition(":")[0]).is_file():
             function = metric_function(original)
-    return compare(golden, _by_name(artifact, golden, settings), function, metric)
-
-
-def _by_name(artifact: Path, golden: GoldenSet, settings: RuntimeSettings):
-    """The artifact's ``predict``, outputs in the golden set's order: by name where the artifact names them
-    alike, else by position."""
-    from edgeopt.device.runtime import open_session
-
-    session = open_session(artifact, settings)
-    names, wanted = [spec.name for spec in session.outputs], golden.output_names
-    if not set(wanted) <= set(names):
-        return session.infer
-    order = [names.index(n) for n in wanted]
-    return lambda feeds: [outs[i] for outs in [session.infer(feeds)] for i in order]
+    return compare(golden, session_predict(open_session(artifact, settings), golden), function, metric)
 
 
 def _unlean_imports(path: Path) -> list[str]:

@@ -17,6 +17,8 @@ from edgeopt import __version__
 from edgeopt.bundle_writer import file_entry, write_bundle
 from edgeopt.device.bundle_reader import SCHEMA, canonical_json
 from edgeopt.device.formats import FILE_FORMATS, file_format
+from edgeopt.device.golden import FILES as GOLDEN_FILES
+from edgeopt.device.golden import GoldenSet, load_golden
 from edgeopt.device.runtime import RuntimeSettings, open_session, runtime_for
 from edgeopt.errors import BadInputError, BudgetError, QualityGateError, first_line
 from edgeopt.provenance import STATEMENT, bundle_provenance, statement
@@ -24,6 +26,7 @@ from edgeopt.targets import Measuring, Target, load_target, model_in, validate_o
 
 VALIDATION = "validation.json"
 COMPRESS_REPORT = "compress_report.json"
+GOLDEN_DIR = "golden"  # where a golden set lives inside a bundle
 
 
 @dataclass(frozen=True)
@@ -41,12 +44,14 @@ def package(artifact: str | Path, target: str | Path | Target, out: str | Path, 
             formats: tuple[str, ...] | None = None, report: str | Path | dict | None = None,
             build_id: str | None = None,
             preprocess: str | Path | None = None, input_shapes: dict[str, tuple[int, ...]] | None = None,
-            measuring: Measuring = Measuring(), sign=None) -> PackageResult:
+            measuring: Measuring = Measuring(), sign=None, golden: str | Path | None = None) -> PackageResult:
     """Validate ``artifact`` (a model file or an ``edgeopt compress`` folder) on ``target`` and write the
     bundle to ``out``. ``input_shapes`` fill dynamic dimensions (over the target's). Raises ``QualityGateError`` when the compress report's gate failed and ``BudgetError``
     when a budget fails; nothing is written then. ``report``: a validation report (file or ``to_dict()``) of
     this model on this target, used instead of measuring again. ``sign``: a ``edgeopt.signing.Signer``, or the private key
-    (file, or ``env:NAME``) to make one with, to sign the manifest."""
+    (file, or ``env:NAME``) to make one with, to sign the manifest. ``golden``: a golden set folder to ship in
+    the bundle (listed, checksummed and signed with the rest); the device validator checks the model against it.
+    Packaging does not judge it again: check with ``edgeopt validate --golden`` (or ``compress --golden``)."""
     from edgeopt.device.bundle_reader import open_bundle
     from edgeopt.signing import Signer
     from edgeopt.versions import tool_versions
@@ -58,6 +63,7 @@ def package(artifact: str | Path, target: str | Path | Target, out: str | Path, 
     if not artifact.exists():
         raise BadInputError(f"{artifact}: no such artifact")
     signer = sign if sign is None or isinstance(sign, Signer) else Signer(sign)  # a bad key fails before measuring
+    golden_set = load_golden(golden) if golden is not None else None  # a bad golden set fails before measuring
     primary = model_in(artifact, target.settings.runtime)
     compress_report = _compress_report(artifact)
     models = _models(artifact, primary, formats, target.settings.runtime)
@@ -73,6 +79,11 @@ def package(artifact: str | Path, target: str | Path | Target, out: str | Path, 
         files[COMPRESS_REPORT] = artifact / "report.json"
     provenance = bundle_provenance(compress_report, target, tool_versions())
     subjects = {f.name: file_entry(f) for model in models for f in _model_files(model)}
+    if golden_set is not None:
+        golden_files = {f"{GOLDEN_DIR}/{name}": golden_set.root / name for name in GOLDEN_FILES
+                        if (golden_set.root / name).is_file()}
+        files |= golden_files
+        subjects |= {name: file_entry(path) for name, path in golden_files.items()}
     files[STATEMENT] = canonical_json(statement(provenance, subjects, build_id))
     manifest = {
         "schema": SCHEMA,
@@ -95,10 +106,19 @@ def package(artifact: str | Path, target: str | Path | Target, out: str | Path, 
                        "measured_with": validation["measured_with"]["summary"],
                        "emulated": validation["emulated"], "report": VALIDATION},
         "provenance": provenance,
+        "golden": _golden_entry(golden_set),
     }
     path = write_bundle(out, manifest, files, sign=signer)
     checked = open_bundle(path, trust=(signer.public_key,) if signer else None)
     return PackageResult(path, checked.manifest, path.stat().st_size, checked.sha256)
+
+
+def _golden_entry(golden: GoldenSet | None) -> dict | None:
+    if golden is None:
+        return None
+    metric = golden.metric
+    return {"path": GOLDEN_DIR, "samples": golden.manifest["samples"],
+            "metric": metric["primary"] if metric else None, "metric_file": golden.metric_file is not None}
 
 
 def _models(artifact: Path, primary: Path, formats: tuple[str, ...] | None, runtime: str) -> list[Path]:

@@ -21,6 +21,9 @@ from edgeopt.out_guard import input_bytes
 @click.option("--build-id", default=None, help="An identifier recorded in the manifest (the only variable field).")
 @click.option("--preprocess", type=click.Path(dir_okay=False), default=None,
               help="preprocess.toml describing the input preprocessing, recorded in the manifest.")
+@click.option("--golden", default=None, type=click.Path(file_okay=False),
+              help="Ship this golden set (`edgeopt golden create`) in the bundle: `python -m edgeopt.device "
+                   "validate` then checks quality on the device too (docs/golden.md).")
 @click.option("--input-shape", "input_shapes", multiple=True, help="NAME=D1,D2,... for dynamic inputs.")
 @click.option("--runs", default=300, show_default=True, type=click.IntRange(min=1),
               help="Without --report: timed inferences for validation (at least).")
@@ -33,7 +36,7 @@ from edgeopt.out_guard import input_bytes
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 @force_option
 def package(artifact, target, out, formats, report, build_id, preprocess, input_shapes, runs, warmup, min_seconds,
-            sign, json_out, quiet, force):
+            sign, json_out, quiet, force, golden):
     """Validate ARTIFACT (.xml, .onnx or an `edgeopt compress` folder) on a target and write a device bundle.
 
     Exit 0 ok, 2 bad input, 3 the artifact failed its quality gate, 4 a device budget failed (nothing written).
@@ -47,7 +50,7 @@ def package(artifact, target, out, formats, report, build_id, preprocess, input_
     guard_outputs(None, force, json_out=json_out, bundle=out, needs_bytes=2 * input_bytes(artifact))
     result = run_package(artifact, target, out, formats=parse_formats(formats) if formats else None, report=report,
                          build_id=build_id, preprocess=preprocess, input_shapes=parse_input_shapes(input_shapes),
-                         measuring=Measuring(runs, warmup, min_seconds), sign=sign)
+                         measuring=Measuring(runs, warmup, min_seconds), sign=sign, golden=golden)
     emit(result.describe(), f"{result.path}: {result.bytes} bytes, sha256 {result.sha256}", json_out, quiet)
 
 

@@ -27,19 +27,26 @@ from edgeopt.errors import BudgetError
               help="Untimed inferences first (the first one is reported as the cold latency).")
 @click.option("--min-seconds", default=2.0, show_default=True, type=click.FloatRange(min=0),
               help="Keep timing until this many seconds have passed, for a stable p99.")
+@click.option("--golden", default=None, type=click.Path(file_okay=False),
+              help="Also check the artifact against this golden set (`edgeopt golden create`): per-output "
+                   "tolerances and the metric threshold; exit 3 on a regression, naming the worst samples. (A "
+                   "bundle's own golden set is checked on the device.)")
+@click.option("--metric", default=None, metavar="FILE.py:FUNCTION",
+              help="With --golden: evaluate this metric file instead of the one the golden set holds.")
 @click.option("--input-shape", "input_shapes", multiple=True, help="NAME=D1,D2,... for dynamic inputs.")
 @click.option("--json", "json_out", default=None, help="Write the report as JSON to this file ('-' for stdout).")
 @click.option("--junit", "junit_out", default=None, help="Write a JUnit XML report (one test case per budget).")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 def validate(artifact, target, device_spec, import_path, require_device, runs, warmup, min_seconds, input_shapes,
-             json_out, junit_out, quiet):
+             json_out, junit_out, quiet, golden, metric):
     """Validate ARTIFACT (.xml, .onnx, a folder written by `edgeopt compress`, or with --device / --import a
     bundle from `edgeopt package`) against a device profile:
     here (emulating the device when this host is not it), on the device over SSH (--device), or from the
     results a device wrote (--import).
 
-    Exit 0 when every budget holds, 4 when one fails, 2 on bad input, 5 when no device figures could be had
-    (device unreachable, lost or unusable; or --require-device and only emulated figures).
+    Exit 0 when every budget holds, 3 when the artifact regresses against a golden set (--golden, or the one a
+    bundle carries), 4 when a budget fails, 2 on bad input, 5 when no device figures could be had (device
+    unreachable, lost or unusable; or --require-device and only emulated figures).
     """
     from edgeopt.api import validate as run_validate
     from edgeopt.device.reports import write_json, write_junit
@@ -52,6 +59,21 @@ def validate(artifact, target, device_spec, import_path, require_device, runs, w
     if device_spec and import_path:
         raise BadInputError("--device and --import exclude each other (measure now, or judge earlier results)")
     shapes = parse_input_shapes(input_shapes)
+    if golden and (device_spec or import_path):
+        raise BadInputError("--golden checks an artifact here; with --device or --import the bundle's own golden "
+                            "set (edgeopt package --golden) is checked on the device")
+    if metric and not golden:
+        raise BadInputError("--metric needs --golden (the reference outputs and targets it is evaluated on)")
+    golden_set = None
+    if golden:
+        from edgeopt.device.golden import load_golden
+
+        golden_set = load_golden(golden)
+    spec = None
+    if metric:
+        from edgeopt.user_metric import load_metric
+
+        spec = load_metric(metric)
     if import_path:
         report = _imported(artifact, import_path, target)
     elif device_spec:
@@ -70,12 +92,20 @@ def validate(artifact, target, device_spec, import_path, require_device, runs, w
             raise BadInputError("validate needs --target (or --device, or --import)")
         profile = load_target(target)
         report = run_validate(artifact, profile, measuring=Measuring(runs, warmup, min_seconds), input_shapes=shapes)
+        if golden_set is not None:
+            from dataclasses import replace
+
+            from edgeopt.golden import check_golden
+
+            checked = check_golden(golden_set, model_in(artifact, profile.settings.runtime), profile.settings, spec)
+            report = replace(report, golden=checked.describe())
     if json_out:
         write_json(report, json_out)
     if junit_out:
         write_junit(report, junit_out)
     if not quiet and json_out != "-":
         print_validation(report)
+    raise_if_regressed([report])
     if require_device:
         raise_if_not_device([report])
     raise_if_failed([report])
@@ -108,6 +138,16 @@ def raise_if_not_device(reports) -> None:
         raise DeviceError(f"--require-device: no device figures for {', '.join(r.artifact for r in emulated)}, only "
                           f"emulated ones ({', '.join(names)}); measure on the device (--device NAME, or --import "
                           f"its results)")
+
+
+def raise_if_regressed(reports) -> None:
+    """Exit 3 when an artifact regressed against its golden set."""
+    from edgeopt.device.golden import golden_message
+    from edgeopt.errors import QualityGateError
+
+    failed = [golden_message(r.golden) for r in reports if r.golden is not None and not r.golden["passed"]]
+    if failed:
+        raise QualityGateError("quality regression: " + " | ".join(failed))
 
 
 def raise_if_failed(reports) -> None:

@@ -8,8 +8,14 @@ With ``--trust PUBKEY`` (repeatable: PEM files or folders of them) a bundle must
 keys; the signature is checked (with ``cryptography``, else the ``openssl`` command) before anything is
 extracted, and the check is refused, not skipped, when neither is there.
 
+A bundle that carries a golden set (``edgeopt package --golden``) is also checked for quality: the model runs on
+the golden inputs with the target's runtime settings and each output is compared with the reference within its
+tolerance. The golden set's metric file (when it was shipped) runs only with ``--run-metric``: it is Python
+from the bundle (check the bundle's signature with ``--trust`` first).
+
 Exit codes: 0 ok, 1 internal error, 2 bad input (missing, tampered or truncated bundle, unsigned or not signed
-by a trusted key, missing runtime), 4 a device budget failed.
+by a trusted key, missing runtime, a failing metric), 3 a quality regression against the golden set (the worst
+samples named), 4 a device budget failed.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import tempfile
 from dataclasses import replace
 
 from edgeopt import jsonio
-from edgeopt.errors import BadInputError, BudgetError, EdgeoptError, first_line
+from edgeopt.errors import BadInputError, BudgetError, EdgeoptError, QualityGateError, first_line
 
 PROG = "edgeopt-device"
 RUNTIME_PACKAGES = {"openvino": "openvino", "onnxruntime": "onnxruntime"}
@@ -68,6 +74,8 @@ def _parser() -> argparse.ArgumentParser:
     validate.add_argument("--exit-on-stdin-eof", action="store_true",
                           help="stop when stdin closes (run over SSH: a dropped connection ends the measurement)")
     validate.add_argument("--max-extract-mb", type=float, default=None, help=_MAX_EXTRACT_HELP)
+    validate.add_argument("--run-metric", action="store_true",
+                          help="evaluate the task metric the bundle's golden set ships (runs its Python file)")
     validate.set_defaults(run=_validate)
     verify = commands.add_parser("verify", help="check checksums, manifest and signature only")
     verify.add_argument("bundle")
@@ -134,6 +142,7 @@ def _validate(args) -> None:
         lock, waited = take_device_lock(args.lock, args.slots, args.lock_timeout) if args.lock else (None, 0.0)
         started = time.time()
         report = validate_bundle(bundle, args.runs, args.warmup, args.min_seconds)
+        report = check_golden(bundle, report, args.run_metric)
         session = {"lock": lock, "lock_wait_s": round(waited, 3), "started_unix": started, "ended_unix": time.time()}
     if args.json_out:
         data = device_result(report, bundle, session)
@@ -146,6 +155,10 @@ def _validate(args) -> None:
         write_junit(report, args.junit_out)
     if not args.quiet and args.json_out != "-":
         print(_text(bundle, report))
+    if report.golden is not None and not report.golden["passed"]:
+        from edgeopt.device.golden import golden_message
+
+        raise QualityGateError(f"quality regression: {golden_message(report.golden)}")
     failed = [c.name for c in report.checks if not c.passed]
     if failed:
         raise BudgetError(f"device budget failed: {', '.join(failed)} (target {report.target})")
@@ -205,6 +218,28 @@ def validate_bundle(bundle, runs: int, warmup: int, min_seconds: float):
     return replace(report, artifact=f"{bundle.path.name}:{manifest['model']}", notes=report.notes + extra)
 
 
+def check_golden(bundle, report, run_metric: bool):
+    """The bundle's model against the golden set it carries (none: the report unchanged), run with the target's
+    settings; the shipped metric only with ``run_metric``."""
+    from edgeopt.device.golden import compare, load_golden, load_metric_file, session_predict
+    from edgeopt.device.runtime import RuntimeSettings, open_session
+
+    entry = bundle.manifest.get("golden")
+    if entry is None:
+        return report
+    golden = load_golden(bundle.root / entry["path"])
+    session = open_session(bundle.model_path, RuntimeSettings(**bundle.manifest["target"]["runtime"]))
+    function = load_metric_file(golden) if run_metric else None
+    result = compare(golden, session_predict(session, golden), function)
+    described = result.describe()
+    described["golden"] = f"{bundle.path.name}:{entry['path']}"
+    if golden.metric is not None and function is None:
+        hint = "pass --run-metric to evaluate it" if golden.metric_file else "its file was not shipped"
+        described["notes"] = [f"metric {golden.metric['primary']} not evaluated on the device ({hint}); per-output "
+                              f"tolerances only"]
+    return replace(report, golden=described)
+
+
 def _text(bundle, report) -> str:
     from edgeopt.device.bundle_reader import summary
 
@@ -215,6 +250,16 @@ def _text(bundle, report) -> str:
                      f"(budget {check.budget:.4g}{check.unit})")
     lines.append(f"measured with: {report.measured_with()}")
     lines.extend(f"note: {note}" for note in report.notes)
+    if report.golden is not None:
+        golden = report.golden
+        outputs = ", ".join(f"{o['name']} cosine {o['cosine']:.5f} (min {o['tolerance']['min_cosine']})"
+                            for o in golden["outputs"])
+        lines.append(f"  {'PASS' if golden['passed'] else 'FAIL'}  golden set ({golden['samples']} samples): {outputs}")
+        if golden["metric"] is not None:
+            m = golden["metric"]
+            lines.append(f"  {'PASS' if m['passed'] else 'FAIL'}  metric {m['primary']}: {m['value']:.6g} vs "
+                         f"{m['reference']:.6g} (drop {m['drop']:.4g}, max {m['threshold']:.4g})")
+        lines.extend(f"note: {note}" for note in golden["notes"])
     return "\n".join(lines)
 
 

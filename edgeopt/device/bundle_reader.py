@@ -26,7 +26,7 @@ from edgeopt.device.signature import MAX_SIGNATURE_BYTES, SIGNATURE, PublicKey, 
 from edgeopt.device.signature import check as check_signature
 from edgeopt.errors import BadInputError, first_line
 
-SCHEMA = "edgeopt-bundle/2"  # /2 adds provenance; /1 bundles are still read
+SCHEMA = "edgeopt-bundle/3"  # /3 adds the golden set, /2 provenance; /1 and /2 bundles are still read
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 4 << 20
 MAX_EXTRACT_BYTES = 16 << 30  # hard ceiling on a bundle's extracted size, unless the caller gives a limit
@@ -57,9 +57,11 @@ MANIFEST_SCHEMA: dict = {
     "provenance": {"source_model": (dict, None), "data": (dict,), "recipe": (list, None),
                    "tools": {"compress": (dict, None), "package": (dict,)},
                    "target": {"name": (str,), "sha256": (str,)}, "statement": (str,)},
+    "golden": (dict, None),  # {"path": folder of the golden set, "samples", "metric": primary or null, "metric_file"}
 }
 SCHEMAS = {SCHEMA: MANIFEST_SCHEMA,
-           "edgeopt-bundle/1": {k: v for k, v in MANIFEST_SCHEMA.items() if k != "provenance"}}
+           "edgeopt-bundle/2": {k: v for k, v in MANIFEST_SCHEMA.items() if k != "golden"},
+           "edgeopt-bundle/1": {k: v for k, v in MANIFEST_SCHEMA.items() if k not in ("provenance", "golden")}}
 
 
 @dataclass(frozen=True)

@@ -92,12 +92,6 @@ class OutputCheck:
         return {"name": self.name, "cosine": self.cosine, "worst_cosine": self.worst_cosine,
                 "max_abs_error": self.max_abs_error, "tolerance": self.tolerance.describe(), "passed": self.passed}
 
-    def message(self) -> str:
-        bound = (f"cosine {self.cosine:.5f} (min {self.tolerance.min_cosine})"
-                 + (f", max abs error {self.max_abs_error:.4g} (max {self.tolerance.max_abs_error})"
-                    if self.tolerance.max_abs_error is not None else ""))
-        return f"output '{self.name}' {bound}"
-
 
 @dataclass(frozen=True)
 class GoldenResult:
@@ -123,14 +117,27 @@ class GoldenResult:
                 "worst_samples": self.worst, "notes": list(self.notes)}
 
     def message(self) -> str:
-        """One line: what failed and the worst samples."""
-        failed = [o.message() for o in self.outputs if not o.passed]
-        if self.metric is not None and not self.metric.passed:
-            failed.append(self.metric.message())
-        worst = "; ".join(f"#{w['index']} (" + ", ".join(f"{n}: cosine {e['cosine']:.4f}, max abs "
-                                                        f"{e['max_abs_error']:.4g}" for n, e in w["outputs"].items())
-                          + ")" for w in self.worst)
-        return f"golden set {self.golden}: {'; '.join(failed) or 'passed'}; worst samples: {worst}"
+        return golden_message(self.describe())
+
+
+def golden_message(result: dict) -> str:
+    """One line from ``GoldenResult.describe()``: what failed and the worst samples."""
+    failed = []
+    for output in result["outputs"]:
+        if not output["passed"]:
+            tolerance = output["tolerance"]
+            bound = f"cosine {output['cosine']:.5f} (min {tolerance['min_cosine']})"
+            if tolerance["max_abs_error"] is not None:
+                bound += f", max abs error {output['max_abs_error']:.4g} (max {tolerance['max_abs_error']})"
+            failed.append(f"output '{output['name']}' {bound}")
+    metric = result.get("metric")
+    if metric is not None and not metric["passed"]:
+        failed.append(f"{metric['primary']} {metric['value']:.6g} vs {metric['reference']:.6g} (drop "
+                      f"{metric['drop']:.4g}, max {metric['threshold']:.4g}; metric {metric['name']})")
+    worst = "; ".join(f"#{w['index']} (" + ", ".join(f"{name}: cosine {e['cosine']:.4f}, max abs {e['max_abs_error']:.4g}"
+                                                    for name, e in w["outputs"].items()) + ")"
+                      for w in result["worst_samples"])
+    return f"golden set {result['golden']}: {'; '.join(failed) or 'passed'}; worst samples: {worst}"
 
 
 def load_golden(folder: str | Path) -> GoldenSet:
@@ -198,6 +205,16 @@ def compare(golden: GoldenSet, predict, metric_function=None, spec: MetricSpec |
         values = call_metric(spec, metric_function, outputs, golden.targets)
         check = spec.judge(MetricValues.from_dict(golden.metric["reference"]), values)
     return GoldenResult(str(golden.root), len(produced), checks, worst, check, values, notes)
+
+
+def session_predict(session, golden: GoldenSet):
+    """A runtime session's ``infer`` with its outputs in the golden set's order: by name where the model names
+    them alike, else by position."""
+    names, wanted = [spec.name for spec in session.outputs], golden.output_names
+    if not set(wanted) <= set(names):
+        return session.infer
+    order = [names.index(n) for n in wanted]
+    return lambda feeds: [outs[i] for outs in [session.infer(feeds)] for i in order]
 
 
 def _errors(output: np.ndarray, reference: np.ndarray) -> tuple[float, float]:

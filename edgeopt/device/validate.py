@@ -53,6 +53,7 @@ class ValidationReport:
     budgets: Budgets = field(default_factory=Budgets)
     timings_ms: tuple[float, ...] = ()  # every timed inference, in order (for histograms)
     runtime_latency: LatencyStats | None = None  # OpenVINO's own per-request time, without the Python call
+    golden: dict | None = None  # the artifact against a golden set (GoldenResult.describe()), when checked
 
     @property
     def artifact_bytes(self) -> int:
@@ -112,6 +113,7 @@ class ValidationReport:
             "emulation_note": self.emulation_note,
             "notes": self.notes,
             "timings_ms": list(self.timings_ms),
+            **({"golden": self.golden} if self.golden is not None else {}),
         }
 
     @classmethod
@@ -133,6 +135,7 @@ class ValidationReport:
             target=data["target"], budgets=Budgets.from_dict(data["budgets"]),
             timings_ms=tuple(data["timings_ms"]),
             runtime_latency=LatencyStats(**data["runtime_latency_ms"]) if data["runtime_latency_ms"] else None,
+            golden=data.get("golden"),
         )
 
 

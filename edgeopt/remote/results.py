@@ -72,7 +72,7 @@ def to_report(data: dict, budgets: Budgets, *, device_note: str | None = None) -
             cpus=how["cpus"], kernels=how["kernels"], host=data["host"], emulation_note=data["emulation_note"],
             notes=list(data["notes"]) + ([device_note] if device_note else []), checks=[], target=data["target"],
             budgets=budgets, runtime_latency=LatencyStats(**runtime_latency) if runtime_latency else None,
-            timings_ms=tuple(data.get("timings_ms", ())))
+            timings_ms=tuple(data.get("timings_ms", ())), golden=data.get("golden"))
     except (KeyError, TypeError) as exc:
         raise BadInputError(f"device result is incomplete or malformed ({type(exc).__name__}: {first_line(exc)})") \
             from exc

@@ -155,6 +155,27 @@ def print_validation(report) -> None:
               else f"measured on the device itself ({report.host['cpu_model']})")
     for note in report.notes:
         out.print(f"note: {note}")
+    if report.golden is not None:
+        print_golden(report.golden)
+
+
+def print_golden(result: dict) -> None:
+    """An artifact against a golden set: per output, the metric, and the worst samples when it regressed."""
+    from edgeopt.device.golden import golden_message
+
+    out = console()
+    verdict = "[green]PASS[/green]" if result["passed"] else "[bold red]FAIL[/bold red]"
+    outputs = ", ".join(f"{o['name']} cosine {o['cosine']:.5f} (min {o['tolerance']['min_cosine']})"
+                        for o in result["outputs"])
+    out.print(f"golden set {result['golden']} ({result['samples']} samples): {verdict} · {outputs}")
+    metric = result.get("metric")
+    if metric is not None:
+        out.print(f"  metric {metric['primary']}: {metric['value']:.6g} vs {metric['reference']:.6g}, drop "
+                  f"{metric['drop']:.4g} (max {metric['threshold']:.4g}; {metric['direction']} is better)")
+    if not result["passed"]:
+        out.print(f"  {golden_message(result)}")
+    for note in result["notes"]:
+        out.print(f"  note: {note}")
 
 
 def _fmt(value: float, unit: str) -> str:
