@@ -87,7 +87,7 @@ def create_golden(model: str | Path, data: str | Path, out: str | Path, *, metri
         with open(tmp / ARRAYS, "wb") as handle:
             np.savez(handle, **arrays)
         if targets is not None:
-            atomic.write_text(tmp / TARGETS, jsonio.dumps(encode(list(targets))))
+            atomic.write_text(tmp / TARGETS, jsonio.dumps({"schema": SCHEMA, "targets": encode(list(targets))}))
         if shipped:
             shutil.copyfile(metric.name.rpartition(":")[0], tmp / METRIC_FILE)
         atomic.write_text(tmp / MANIFEST, jsonio.dumps(manifest, indent=2))

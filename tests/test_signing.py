@@ -303,7 +303,7 @@ def test_compress_package_sign(keys, tmp_path, tiny_factory, tiny_calib, tmp_pat
 def test_bundles_of_schema_1_are_still_read(signed, tmp_path):
     def downgrade(manifest, _):
         manifest["schema"] = "edgeopt-bundle/1"
-        del manifest["provenance"]
+        del manifest["provenance"], manifest["golden"]  # /1 had neither
     old = _tamper(signed, tmp_path / "old.tar.gz", manifest_edit=downgrade)
     assert open_bundle(old).manifest["schema"] == "edgeopt-bundle/1"
     shown = _host("verify", old, "--show")

@@ -8,7 +8,8 @@ A golden set is a folder (``edgeopt golden create``; also inside a device bundle
   absolute difference anywhere, or null), and the metric (its declaration, reference values and, when shipped,
   the file holding it);
 - ``golden.npz``: ``input:NAME`` and ``output:NAME`` arrays, samples stacked on axis 0;
-- ``targets.json``: each sample's target (arrays encoded with their dtype and shape), when the data had targets;
+- ``targets.json``: ``{"schema", "targets"}``: each sample's target (arrays encoded with their dtype and shape),
+  when the data had targets;
 - ``metric.py``: the metric function's file, when it imports only numpy and the standard library.
 
 Lean module (numpy, the standard library and the runtime session): the on-device validator uses it.
@@ -162,7 +163,7 @@ def load_golden(folder: str | Path) -> GoldenSet:
     targets = None
     if manifest.get("targets"):
         try:
-            targets = decode(json.loads((root / manifest["targets"]).read_text(encoding="utf-8")))
+            targets = decode(json.loads((root / manifest["targets"]).read_text(encoding="utf-8"))["targets"])
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise BadInputError(f"{root / TARGETS}: unreadable targets ({first_line(exc)})") from exc
     return GoldenSet(root, manifest, feeds, outputs, targets)

@@ -51,8 +51,9 @@ def candidate_rows(report: dict) -> list[Row]:
                      "-")
             rows.append(Row(cells, "skipped"))
             continue
-        drop = quality["top1_drop"]
-        quality_text = (f"{drop * 100:+.2f} pp" if drop is not None
+        drop, metric = quality["top1_drop"], quality.get("metric")
+        quality_text = (f"{metric['primary']} {-metric['drop']:+.4g}" if metric is not None
+                        else f"{drop * 100:+.2f} pp" if drop is not None
                         else f"cos {quality['cosine']:.4f}" if quality["cosine"] is not None else "-")
         emulated = any(ch.get("status", "measured") != "measured" for ch in c["checks"])
         budgets = (("EMULATED" if emulated else "PASS") if c["budgets_passed"] else "FAIL: " + ", ".join(
@@ -113,8 +114,7 @@ def settings_lines(report: dict) -> list[tuple[str, str]]:
             if report.get("devices") else f"on the device itself ({host['cpu_model']})")),
         ("host", f"{host['cpu_model']}, {host['usable_cpus']} usable CPUs, {host['os']}, {host['machine']}, "
                  f"flags {' '.join(host['cpu_flags']) or 'none'}"),
-        ("quality gate", f"top-1 drop ≤ {report['gate']['max_top1_drop'] * 100:.2f} pp on the evaluation set "
-                         f"(without labels: cosine to the original ≥ {report['gate']['min_cosine']})"),
+        ("quality gate", _gate_text(report["gate"])),
         ("objective", f"lowest {report['objective']} among passing candidates (within 3% counts as a tie; "
                       f"ties go to the smaller file)"),
         ("versions", ", ".join(f"{k} {v}" for k, v in report["versions"].items())),
@@ -181,3 +181,16 @@ def sections(report: dict) -> list[Section]:
 def marked(row: Row) -> tuple[str, ...]:
     """The row's cells with the chosen / closest mark before the candidate's label."""
     return (row.cells[0], MARKS.get(row.status, "") + row.cells[1], *row.cells[2:])
+
+
+def _gate_text(gate: dict) -> str:
+    metric = gate.get("metric")
+    if metric is not None:
+        allowed = " and ".join(text for text in (
+            f"{metric['max_drop']:.4g}" if metric["max_drop"] is not None else None,
+            f"{metric['max_rel_drop'] * 100:.3g}% of the original's" if metric["max_rel_drop"] is not None else None)
+            if text)
+        return (f"task metric {metric['name']}: {metric['primary']} ({metric['direction']} is better) may drop by at "
+                f"most {allowed} on the evaluation set")
+    return (f"top-1 drop ≤ {gate['max_top1_drop'] * 100:.2f} pp on the evaluation set "
+            f"(without labels: cosine to the original ≥ {gate['min_cosine']})")
