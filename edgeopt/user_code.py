@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from edgeopt.device.pyfile import import_file
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.signals import is_user_interrupt
 
@@ -21,12 +20,8 @@ def load_function(path: Path, name: str, what: str) -> Callable:
     """Import the Python file ``path`` and return its function ``name``; every failure is a ``BadInputError``."""
     if not path.is_file():
         raise BadInputError(f"{path}: no such {what} file")
-    module_name = f"edgeopt_user_{path.stem}_{abs(hash(path.resolve()))}"
     try:
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        spec.loader.exec_module(module)
+        module = import_file(path, "edgeopt_user")
     except Exception as exc:
         raise BadInputError(f"{path}: cannot import ({first_line(exc)})") from exc
     except (SystemExit, KeyboardInterrupt) as exc:

@@ -230,19 +230,14 @@ def _errors(output: np.ndarray, reference: np.ndarray) -> tuple[float, float]:
 
 def load_metric_file(golden: GoldenSet):
     """The metric function from the set's shipped file (imported from the bundle: run only when asked)."""
-    import importlib.util
-    import sys
+    from edgeopt.device.pyfile import import_file
 
     path = golden.metric_file
     if path is None or not path.is_file():
         return None
     name = golden.metric["function"]
-    module_name = f"edgeopt_golden_metric_{abs(hash(str(path.resolve())))}"
     try:
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        spec.loader.exec_module(module)
+        module = import_file(path, "edgeopt_golden_metric")
     except Exception as exc:
         raise BadInputError(f"metric {path}:{name}: cannot import ({first_line(exc)})") from exc
     function = getattr(module, name, None)
