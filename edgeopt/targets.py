@@ -53,7 +53,7 @@ from edgeopt.device.budgets import BUDGET_FIELDS, LATENCY_BUDGETS, SPREAD_BUDGET
 from edgeopt.device.host import HostInfo
 from edgeopt.device.runtime import PRECISIONS, RUNTIMES, RuntimeSettings
 from edgeopt.device.task_metric import MetricSpec
-from edgeopt.errors import BadInputError, first_line
+from edgeopt.errors import BadInputError
 from edgeopt.tomlio import read_toml
 
 MODEL_PRECISIONS = ("int8", "fp16", "fp32")
