@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from edgeopt import atomic
+from edgeopt.device.golden import load_golden
+from edgeopt.device.task_metric import MetricSpec
 from edgeopt.device.validate import ValidationReport
 from edgeopt.evaluate import QualityGate
 from edgeopt.pipeline import CompressResult, as_target, compress
@@ -23,12 +25,22 @@ __all__ = ["compress", "validate", "optimize", "CompressResult"]
 
 
 def validate(artifact: str | Path, target: Target | str | Path, *, measuring: Measuring = Measuring(),
-             input_shapes: dict[str, tuple[int, ...]] | None = None) -> ValidationReport:
+             input_shapes: dict[str, tuple[int, ...]] | None = None, golden: str | Path | None = None,
+             metric: MetricSpec | None = None) -> ValidationReport:
     """Measure ``artifact`` (a model file or an ``edgeopt compress`` folder) with the target's settings and check
-    it against its budgets (emulating the device when this host is not it)."""
+    it against its budgets (emulating the device when this host is not it). ``golden``: also check it against
+    this golden set (the report's ``golden``), with ``metric`` instead of the set's own metric file."""
+    from dataclasses import replace
+
     profile = as_target(target)
-    return validate_on(profile, model_in(artifact, profile.settings.runtime), measuring=measuring,
-                       input_shapes=input_shapes)
+    golden_set = load_golden(golden) if golden is not None else None  # a bad golden set fails before measuring
+    model = model_in(artifact, profile.settings.runtime)
+    report = validate_on(profile, model, measuring=measuring, input_shapes=input_shapes)
+    if golden_set is None:
+        return report
+    from edgeopt.golden import check_golden
+
+    return replace(report, golden=check_golden(golden_set, model, profile.settings, metric).describe())
 
 
 def optimize(model: str | Path, calibration: str | Path, eval_data: str | Path, *, target: Target | str | Path,

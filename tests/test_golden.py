@@ -9,7 +9,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from bundle_support import LOOSE_TARGET, lean_edgeopt, runtime_venv
+from bundle_support import LOOSE_TAIL, LOOSE_TARGET, lean_edgeopt, runtime_venv
 from click.testing import CliRunner
 
 from conftest import ROOT
@@ -57,7 +57,7 @@ def setup(tmp_path_factory):
         result = run("compress", model, "--calib", CALIB, "--format", "openvino", "--out", root / name)
         assert result.exit_code == 0, result.output
     target = root / "loose.toml"
-    target.write_text(LOOSE_TARGET.format(runtime="openvino").split("[model]")[0])
+    target.write_text(LOOSE_TARGET.format(runtime="openvino") + LOOSE_TAIL.split("[model]")[0])  # no 8x8 shape
     return root, golden, target
 
 
@@ -148,3 +148,19 @@ def test_targets_survive_the_golden_encoding():
     back = decode(json.loads(json.dumps(encode(targets))))
     assert back[0]["boxes"].dtype == np.float32 and back[0]["boxes"].shape == (2, 4)
     assert back[0]["text"] == "ab" and back[0]["ids"] == [1, 2] and back[1] == 3 and back[2] is None
+
+
+def test_a_metric_with_heavy_imports_is_not_shipped_and_only_own_folders_are_replaced(tmp_path):
+    (tmp_path / "m.py").write_text(f"import sys\nsys.path.insert(0, {str(DETECTOR)!r})\nimport scipy\n"
+                                   "from metrics import f1 as score\n")
+    out = tmp_path / "golden"
+    args = ("golden", "create", MODEL, "--data", EVAL, "--metric", f"{tmp_path / 'm.py'}:score", "--samples", "4")
+    first = run(*args, "--out", out)
+    assert first.exit_code == 0, first.output
+    assert "not shipped in the golden set (it imports metrics, scipy" in first.stderr
+    assert load_golden(out).metric["file"] is None and not (out / "metric.py").exists()
+    assert run(*args, "--out", out).exit_code == 0  # its own folder: replaced
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    refused = run(*args, "--out", tmp_path / "mine")
+    assert refused.exit_code == 2 and (tmp_path / "mine" / "notes.txt").read_text() == "keep me"

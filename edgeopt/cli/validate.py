@@ -64,11 +64,6 @@ def validate(artifact, target, device_spec, import_path, require_device, runs, w
                             "set (edgeopt package --golden) is checked on the device")
     if metric and not golden:
         raise BadInputError("--metric needs --golden (the reference outputs and targets it is evaluated on)")
-    golden_set = None
-    if golden:
-        from edgeopt.device.golden import load_golden
-
-        golden_set = load_golden(golden)
     spec = None
     if metric:
         from edgeopt.user_metric import load_metric
@@ -91,14 +86,8 @@ def validate(artifact, target, device_spec, import_path, require_device, runs, w
         if target is None:
             raise BadInputError("validate needs --target (or --device, or --import)")
         profile = load_target(target)
-        report = run_validate(artifact, profile, measuring=Measuring(runs, warmup, min_seconds), input_shapes=shapes)
-        if golden_set is not None:
-            from dataclasses import replace
-
-            from edgeopt.golden import check_golden
-
-            checked = check_golden(golden_set, model_in(artifact, profile.settings.runtime), profile.settings, spec)
-            report = replace(report, golden=checked.describe())
+        report = run_validate(artifact, profile, measuring=Measuring(runs, warmup, min_seconds), input_shapes=shapes,
+                              golden=golden, metric=spec)
     if json_out:
         write_json(report, json_out)
     if junit_out:
