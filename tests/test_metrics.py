@@ -209,3 +209,15 @@ def test_optimize_judges_candidates_by_the_metric(cli, tmp_path):
     candidate = report["candidates"][0]
     assert candidate["quality"]["metric"]["primary"] == "f1" and candidate["quality"]["gate_passed"], result.output
     assert candidate["quality"]["gate_check"].startswith("f1 ")
+
+
+def test_a_recipe_names_the_metric_for_the_api(tmp_path):
+    import edgeopt
+
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(f'metric = "{DETECTOR / "metrics.py"}:f1"\n[[step]]\nname = "int8"\n')
+    result = edgeopt.compress(MODEL, CALIB, out=tmp_path / "out", recipe=str(recipe), eval_data=EVAL,
+                              formats=("openvino",))
+    assert result.gate.metric.primary == "f1" and result.quality_passed
+    assert result.qualities["openvino"].metric.values.keys() == {"f1", "precision", "recall", "mean_iou"}
+    assert result.describe()["quality"]["artifacts"]["openvino"]["metric_check"]["threshold"] == 0.02

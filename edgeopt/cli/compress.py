@@ -30,7 +30,8 @@ from edgeopt.out_guard import input_bytes
 @gate_options
 @click.option("--golden", default=None, type=click.Path(file_okay=False),
               help="A golden set (`edgeopt golden create`): also check every artifact against its per-output "
-                   "tolerances and metric threshold (exit 3 on a regression, naming the worst samples).")
+                   "tolerances and metric threshold (exit 3 on a regression, naming the worst samples); with "
+                   "--package it goes into the bundle.")
 @click.option("--input-shape", "input_shapes", multiple=True, help="NAME=D1,D2,... for dynamic inputs.")
 @click.option("--batch-axis", "batch_axes", multiple=True, help="NAME=AXIS: the axis of an input that holds the "
               "batch (e.g. state=1; NAME=none for none), where the model does not say it.")
@@ -108,7 +109,7 @@ def compress(model, calibration, out, formats, precision, recipe, eval_data, max
         from edgeopt.packaging import package
 
         bundle = package(result.out, result.target, package_out, report=result.validations[0].to_dict(),
-                         build_id=build_id, sign=sign)
+                         build_id=build_id, sign=sign, golden=golden)
         if not quiet and json_out != "-":
             click.echo(f"{bundle.path}: {bundle.bytes} bytes, sha256 {bundle.sha256}")
 
