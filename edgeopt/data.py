@@ -3,10 +3,10 @@
 Supported sources:
 - ``.npz``: one array per model input (keyed by input name; a single-input model also accepts ``x``/``input``),
   plus optional ``labels`` (or ``y``) and targets for a task metric: ``target`` (one array, samples on axis 0)
-  or ``target_NAME`` arrays (each sample's target is then a dict by NAME). An array holds its samples stacked on a new leading axis (N x the input's
-  shape) or concatenated along the input's batch axis (``TensorSpec.batch_axis``: axis 1 for a state
-  ``[2, B, 128]``); an array of exactly the input's shape, such as a rank-0 sample rate, is shared by every
-  sample.
+  or ``target_NAME`` arrays (each sample's target is then a dict by NAME). An array holds its samples stacked
+  on a new leading axis (N x the input's shape) or concatenated along the input's batch axis
+  (``TensorSpec.batch_axis``: axis 1 for a state ``[2, B, 128]``); an array of exactly the input's shape, such
+  as a rank-0 sample rate, is shared by every sample.
 - ``.npy``: one array for a single-input model, laid out as in ``.npz``.
 - ``.txt`` (one text a line) or ``.jsonl`` (a ``text`` field, optional ``label``), for a model that carries its
   tokenizer (a Hugging Face model folder): tokenized to the model's inputs (``edgeopt.hf``).

@@ -78,8 +78,8 @@ def create_golden(model: str | Path, data: str | Path, out: str | Path, *, metri
         unlean = _unlean_imports(Path(path))
         shipped = not unlean
         if unlean:
-            notes.append(f"metric {metric.name} not shipped in the golden set (it imports {', '.join(unlean)}; a device "
-                         f"has numpy and the runtime only): devices check the per-output tolerances")
+            notes.append(f"metric {metric.name} not shipped in the golden set (it imports {', '.join(unlean)}; a "
+                         f"device has numpy and the runtime only): devices check the per-output tolerances")
         manifest["metric"] = {**metric.describe(), "function": function, "file": METRIC_FILE if shipped else None,
                               "reference": values.describe()}
     out = Path(out)
