@@ -221,3 +221,30 @@ def test_a_recipe_names_the_metric_for_the_api(tmp_path):
     assert result.gate.metric.primary == "f1" and result.quality_passed
     assert result.qualities["openvino"].metric.values.keys() == {"f1", "precision", "recall", "mean_iou"}
     assert result.describe()["quality"]["artifacts"]["openvino"]["metric_check"]["threshold"] == 0.02
+
+
+def test_int8_ac_validation_fn_negates_a_lower_is_better_metric(tmp_path):
+    """NNCF assumes higher is better: the validation_fn hands it minus an error metric, computed on every
+    output of the compiled model by name and the picked items' targets."""
+    import openvino as ov
+
+    from edgeopt.data import load_samples
+    from edgeopt.evaluate import QualityGate
+    from edgeopt.passes.accuracy_control import _metric_validation
+    from edgeopt.source import load_model
+    from edgeopt.user_metric import load_metric
+
+    (tmp_path / "err.py").write_text(
+        "import numpy as np\nfrom edgeopt import metric\n@metric(higher_is_better=False, max_rel_drop=0.1)\n"
+        "def err(outputs, targets):\n"
+        "    return float(np.mean([abs(o['scores'].max() - min(len(t), 1)) for o, t in zip(outputs, targets)]))\n")
+    spec = load_metric(f"{tmp_path / 'err.py'}:err")
+    source = load_model(MODEL, {}, {})
+    evaluation = load_samples(EVAL, source.inputs).take(20)
+    validate, label, allowed, relative = _metric_validation(QualityGate(metric=spec), evaluation, source.output_names)
+    assert relative and allowed == 0.1 and label == f"metric value ({spec.name})"
+    compiled = ov.Core().compile_model(source.openvino_model(), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    items = [(feeds, i) for i, feeds in enumerate(evaluation.samples)][5:15]
+    scores = [np.asarray(compiled(feeds)[compiled.outputs[1]]).max() for feeds, _ in items]
+    expected = np.mean([abs(s - min(len(evaluation.targets[i]), 1)) for s, (_, i) in zip(scores, items)])
+    assert math.isclose(validate(compiled, items), -expected, rel_tol=1e-6)
