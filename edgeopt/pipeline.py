@@ -159,9 +159,10 @@ def compress_recipe(model: str | Path, calibration: str | Path, recipe: Recipe, 
     profile = target
     formats = _formats(model, formats, profile)
     _check_contracts(recipe, formats, eval_data)
+    asked = (gate.metric if gate else None) or recipe.metric  # a profile's metric applies where there is data
+    if asked is not None and not eval_data and golden is None:
+        raise BadInputError(f"the task metric {asked.name} needs evaluation data (--eval) or a golden set")
     gate = with_metric(gate or QualityGate(), recipe, profile)
-    if gate.metric is not None and not eval_data and golden is None:
-        raise BadInputError(f"the task metric {gate.metric.name} needs evaluation data (--eval) or a golden set")
     golden_set = load_golden(golden) if golden is not None else None
     shapes = {**(profile.input_shapes if profile else {}), **(input_shapes or {})}
     with timer("load"):
