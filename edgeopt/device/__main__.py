@@ -230,7 +230,10 @@ def check_golden(bundle, report, run_metric: bool):
     golden = load_golden(bundle.root / entry["path"])
     session = open_session(bundle.model_path, RuntimeSettings(**bundle.manifest["target"]["runtime"]))
     function = load_metric_file(golden) if run_metric else None
-    result = compare(golden, session_predict(session, golden), function)
+    spec = golden.metric_spec
+    if function is not None:  # named after the shipped file, so a failing metric names what ran
+        spec = replace(spec, name=f"{entry['path']}/{golden.metric['file']}:{golden.metric['function']}")
+    result = compare(golden, session_predict(session, golden), function, spec)
     described = result.describe()
     described["golden"] = f"{bundle.path.name}:{entry['path']}"
     if golden.metric is not None and function is None:
