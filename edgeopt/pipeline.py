@@ -22,7 +22,7 @@ from edgeopt.formats import FORMATS, REFERENCE, artifact_weight_bytes, format_of
 from edgeopt.passes.base import PassContext, WorkingModel
 from edgeopt.passes.registry import GRAPH, TORCH
 from edgeopt.provenance import describe_inputs
-from edgeopt.recipe import Recipe, Step, build_recipe
+from edgeopt.recipe import Recipe, Step, build_recipe, recipe_toml
 from edgeopt.reporting.reports import CompressReport
 from edgeopt.source import SourceModel, load_model
 from edgeopt.reporting.steps import StepRecorder, StepReport
@@ -179,6 +179,8 @@ def compress_recipe(model: str | Path, calibration: str | Path, recipe: Recipe, 
         with atomic.atomic_dir(out) as tmp:
             with timer("save"):
                 artifacts = save_artifacts(working, tmp, formats)
+                if working.reproduce:
+                    _write_reproducing_recipe(tmp / "recipe.toml", recipe, working.reproduce)
             result = CompressResult(tmp, recipe, artifacts, gate=gate, notes=working.notes, seconds=timer.seconds,
                                     eval_settings=eval_settings, fp32_ir_bytes=fp32_ir_bytes,
                                     fp32_weight_bytes=fp32_weights,
@@ -277,6 +279,13 @@ def _run_recipe(source: SourceModel, recipe: Recipe, ctx: PassContext, formats: 
         with timer("step report"):
             observe(step.describe(), working)
     return working, baseline, fp32_ir_bytes, fp32_weights
+
+
+def _write_reproducing_recipe(path: Path, recipe: Recipe, found: dict[str, dict]) -> None:
+    """The recipe that redoes this run in one pass: each searching step replaced by the step it found."""
+    steps = [found.get(step.name, {"name": step.name, **step.params}) for step in recipe.steps]
+    atomic.write_text(path, recipe_toml(steps, f"Reproduces {recipe.describe()} without its search "
+                                               f"(edgeopt compress ... --recipe recipe.toml)."))
 
 
 def _copy_graph(name: str, model):

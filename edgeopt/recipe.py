@@ -17,6 +17,8 @@ between steps (PyTorch steps first, one step that decides the precision) are che
 
 from __future__ import annotations
 
+import json
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,6 +129,27 @@ def parse_recipe(text: str) -> Recipe:
     else:
         steps = [make_step(name.strip(), source=text) for name in text.split(",") if name.strip()]
     return checked(Recipe(tuple(steps)))
+
+
+def recipe_toml(steps: list[dict], comment: str = "") -> str:
+    """A recipe file (``[[step]]`` tables) for ``steps`` given as ``{"name": ..., parameter: value}``; parameters
+    that are ``None`` are left out (their defaults)."""
+    lines = [f"# {line}" for line in comment.splitlines()]
+    for step in steps:
+        lines += ["", "[[step]]"] + [f"{key} = {_toml_value(value)}" for key, value in step.items() if value is not None]
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int) or (isinstance(value, float) and math.isfinite(value)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a TOML basic string
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"no TOML form for {value!r}")  # a bug in the step that asked
 
 
 PRECISION_STEPS = {"int8": "int8", "fp16": "fp16", "fp32": None}  # --precision shorthand -> the step it means
