@@ -119,7 +119,8 @@ def compress(model: str | Path, calibration: str | Path, *, out: str | Path, rec
              gate: QualityGate | None = None, input_shapes: dict | None = None, seed: int = 0,
              eval_settings: RuntimeSettings = EVAL_SETTINGS, train_data: str | Path | None = None,
              step_report: bool | None = None, quiet: bool = False, measuring: Measuring = Measuring(),
-             weights: Step | None = None, batch_axes: dict | None = None, task: str | None = None) -> CompressResult:
+             weights: Step | None = None, batch_axes: dict | None = None, task: str | None = None,
+             repair: bool = False) -> CompressResult:
     """Compress ``model`` with ``recipe`` and write the artifacts to ``out`` atomically.
 
     ``recipe``: steps (``"prune,distill,int8"``, a recipe ``.toml``, or a ``Recipe``); ``precision`` is the
@@ -131,10 +132,12 @@ def compress(model: str | Path, calibration: str | Path, *, out: str | Path, rec
     callers decide what a failure means. ``formats`` default: both, OpenVINO only for an OpenVINO IR input.
     ``train_data`` feeds the torch steps that fine-tune (default: the calibration set). ``step_report`` measures
     the model after every step (default: when the recipe has a PyTorch step). ``batch_axes`` (by input name) and
-    ``task`` (for a Hugging Face model folder) go to ``load_model``.
+    ``task`` (for a Hugging Face model folder) go to ``load_model``. ``repair`` replaces the recipe's ``int8`` step
+    with ``int8_repair`` (the ladder that runs when INT8 misses the gate; needs ``eval_data``).
     """
     profile = as_target(target)
-    return compress_recipe(model, calibration, build_recipe(recipe, precision, weights=weights, target=profile),
+    return compress_recipe(model, calibration, build_recipe(recipe, precision, weights=weights, target=profile,
+                                                            repair=repair),
                            out=out, target=profile, formats=formats, eval_data=eval_data, gate=gate,
                            input_shapes=input_shapes, seed=seed, eval_settings=eval_settings, train_data=train_data,
                            step_report=step_report, quiet=quiet, measuring=measuring, batch_axes=batch_axes,
@@ -152,7 +155,7 @@ def compress_recipe(model: str | Path, calibration: str | Path, recipe: Recipe, 
     validation on the target (the search measures its candidates itself)."""
     timer = _Timer()
     profile = target
-    formats = _formats(model, formats, profile)
+    formats = _formats(model, formats, profile, recipe)
     _check_contracts(recipe, formats, eval_data)
     gate = gate or QualityGate()
     shapes = {**(profile.input_shapes if profile else {}), **(input_shapes or {})}
@@ -181,6 +184,8 @@ def compress_recipe(model: str | Path, calibration: str | Path, recipe: Recipe, 
                 artifacts = save_artifacts(working, tmp, formats)
                 if working.reproduce:
                     _write_reproducing_recipe(tmp / "recipe.toml", recipe, working.reproduce)
+                if "int8_repair" in working.decisions:
+                    _write_repair_page(tmp / "repair.html", working.decisions["int8_repair"])
             result = CompressResult(tmp, recipe, artifacts, gate=gate, notes=working.notes, seconds=timer.seconds,
                                     eval_settings=eval_settings, fp32_ir_bytes=fp32_ir_bytes,
                                     fp32_weight_bytes=fp32_weights,
@@ -212,12 +217,15 @@ def as_target(target: Target | str | Path | None) -> Target | None:
     return target if target is None or isinstance(target, Target) else load_target(target)
 
 
-def _formats(model: str | Path, formats: tuple[str, ...] | str | None, target: Target | None) -> tuple[str, ...]:
+def _formats(model: str | Path, formats: tuple[str, ...] | str | None, target: Target | None,
+             recipe: Recipe) -> tuple[str, ...]:
     if isinstance(formats, str):
         formats = parse_formats(formats)
     if formats is None:
         native = format_of(model).name if Path(model).suffix.lower() in model_suffixes() else None
         formats = (REFERENCE,) if native == REFERENCE else tuple(FORMATS)
+        accepted = [f for f in formats if all(f in step.info.formats for step in recipe.stage(GRAPH))]
+        formats = tuple(accepted) or formats  # by default, the formats every graph step of the recipe writes
     unknown = [f for f in formats if f not in FORMATS]
     if unknown:
         raise BadInputError(f"unknown format(s) {', '.join(unknown)} (known: {', '.join(FORMATS)})")
@@ -286,6 +294,12 @@ def _write_reproducing_recipe(path: Path, recipe: Recipe, found: dict[str, dict]
     steps = [found.get(step.name, {"name": step.name, **step.params}) for step in recipe.steps]
     atomic.write_text(path, recipe_toml(steps, f"Reproduces {recipe.describe()} without its search "
                                                f"(edgeopt compress ... --recipe recipe.toml)."))
+
+
+def _write_repair_page(path: Path, repair: dict) -> None:
+    from edgeopt.reporting import html, plots
+
+    atomic.write_text(path, html.render_repair(repair, plots.worst_layers(repair)))
 
 
 def _copy_graph(name: str, model):

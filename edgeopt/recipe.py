@@ -156,9 +156,24 @@ PRECISION_STEPS = {"int8": "int8", "fp16": "fp16", "fp32": None}  # --precision 
 
 
 def build_recipe(recipe: str | Recipe | None = None, precision: str | None = None, *, weights: Step | None = None,
-                 target=None) -> Recipe:
+                 target=None, repair: bool = False) -> Recipe:
     """The recipe a compress run executes, from a recipe, the ``--precision`` shorthand, a ``weights`` step
-    (``--weights``) and a device profile (its preferred precision when nothing else sets one)."""
+    (``--weights``) and a device profile (its preferred precision when nothing else sets one); ``repair``
+    (``--repair``) then replaces its ``int8`` step with ``int8_repair``."""
+    built = _build_recipe(recipe, precision, weights=weights, target=target)
+    if not repair:
+        return built
+    plain = [step for step in built.steps if step.name == "int8"]
+    if not plain:
+        raise BadInputError(f"--repair repairs an int8 step; recipe '{built.describe()}' has none")
+    if plain[0].params:
+        raise BadInputError(f"--repair: the ladder chooses the int8 step's parameters; drop "
+                            f"{', '.join(sorted(plain[0].params))} or write an int8_repair step")
+    return checked(Recipe(tuple(make_step("int8_repair", source="--repair") if step.name == "int8" else step
+                                for step in built.steps)))
+
+
+def _build_recipe(recipe: str | Recipe | None, precision: str | None, *, weights: Step | None, target) -> Recipe:
     parsed = recipe if isinstance(recipe, Recipe) else parse_recipe(recipe) if recipe else None
     if precision is not None and precision not in PRECISION_STEPS:
         raise BadInputError(f"--precision: must be one of {', '.join(PRECISION_STEPS)}, got {precision!r}")
