@@ -292,8 +292,8 @@ def _run_recipe(source: SourceModel, recipe: Recipe, ctx: PassContext, formats: 
 def _write_reproducing_recipe(path: Path, recipe: Recipe, found: dict[str, dict]) -> None:
     """The recipe that redoes this run in one pass: each searching step replaced by the step it found."""
     steps = [found.get(step.name, {"name": step.name, **step.params}) for step in recipe.steps]
-    atomic.write_text(path, recipe_toml(steps, f"Reproduces {recipe.describe()} without its search "
-                                               f"(edgeopt compress ... --recipe recipe.toml)."))
+    atomic.write_text(path, recipe_toml(steps, f"Reproduces the OpenVINO IR of {recipe.describe()} without its "
+                                               f"search:\nedgeopt compress ... --format openvino --recipe recipe.toml"))
 
 
 def _write_repair_page(path: Path, repair: dict) -> None:

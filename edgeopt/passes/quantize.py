@@ -122,6 +122,13 @@ def compress_quantized_weights(ov_model) -> None:
     from openvino._offline_transformations import compress_quantize_weights_transformation
 
     compress_quantize_weights_transformation(ov_model)
+    # NNCF records its parameters in the model; record what nncf.quantize would have, so that the int8 step with
+    # the same parameters writes the same bytes
+    path = ["nncf", "quantization", "advanced_parameters"]
+    if ov_model.has_rt_info(path):
+        recorded = ov_model.get_rt_info(path).astype(str)
+        ov_model.set_rt_info(recorded.replace("'backend_params': {'compress_weights': False}", "'backend_params': {}"),
+                             path)
 
 
 def _summary(built) -> str:
