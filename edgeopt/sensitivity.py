@@ -69,42 +69,65 @@ class Sensitivity:
         return described
 
 
+class Reverter:
+    """Keeps chosen quantized operations of an NNCF INT8 OpenVINO model in float, the way NNCF's accuracy control
+    does: its ``Ranker`` groups the quantizers that must go together, ``revert_operations_to_floating_point_precision``
+    removes them and restores the original weights and biases. ``groups`` are keyed by their first operation."""
+
+    def __init__(self, fp32_model, quantized_model):
+        from nncf.openvino.graph.nncf_graph_builder import GraphConverter
+        from nncf.quantization.algorithms.accuracy_control.algorithm import (QuantizationAccuracyRestorer,
+                                                                             get_number_of_quantized_ops)
+        from nncf.quantization.algorithms.accuracy_control.openvino_backend import OVAccuracyControlAlgoBackend
+        from nncf.quantization.algorithms.accuracy_control.ranker import Ranker
+
+        self.model = quantized_model
+        self.backend = OVAccuracyControlAlgoBackend()
+        self.graph = GraphConverter.create_nncf_graph(quantized_model)
+        # NNCF keeps the original weights and biases on the quantized graph's nodes to undo bias correction
+        QuantizationAccuracyRestorer._collect_original_biases_and_weights(
+            GraphConverter.create_nncf_graph(fp32_model), self.graph, fp32_model, self.backend)
+        found = Ranker(1, None, self.backend, None).find_groups_of_quantizers_to_rank(self.graph)
+        self.groups = {group.operations[0].node_name: group for group in found}
+        self.quantized_ops = get_number_of_quantized_ops(self.graph, self.backend.get_quantizer_metatypes(),
+                                                         self.backend.get_quantizable_metatypes())
+
+    def keep_in_float(self, names: list[str]):
+        """A copy of the INT8 model with the groups named (by their first operation) in float."""
+        from nncf.common.quantization.quantizer_removal import revert_operations_to_floating_point_precision
+        from nncf.quantization.advanced_parameters import RestoreMode
+
+        groups = [self.groups[name] for name in names]
+        operations = list({op.node_name: op for g in groups for op in g.operations}.values())
+        quantizers = list({q.node_name: q for g in groups for q in g.quantizers}.values())
+        return revert_operations_to_floating_point_precision(
+            operations, quantizers, self.model, self.graph, RestoreMode.ACTIVATIONS_AND_WEIGHTS,
+            self.backend.get_op_with_weights_metatypes(), self.backend.is_node_with_weight,
+            self.backend.get_weight_tensor_port_ids)
+
+
 def analyse(fp32_model, quantized_model, samples: SampleSet, gate: QualityGate, output_names: list[str],
-            quiet: bool = True) -> Sensitivity:
-    """Rank every quantized operation of ``quantized_model`` (an NNCF INT8 OpenVINO model of ``fp32_model``)
-    on ``samples``."""
+            quiet: bool = True, reverter: Reverter | None = None) -> Sensitivity:
+    """Rank every quantized operation of ``quantized_model`` (an NNCF INT8 OpenVINO model of ``fp32_model``,
+    weights still under FakeQuantize) on ``samples``."""
     import time
 
     from nncf.common.logging.track_progress import track
-    from nncf.common.quantization.quantizer_removal import revert_operations_to_floating_point_precision
-    from nncf.openvino.graph.nncf_graph_builder import GraphConverter
-    from nncf.quantization.advanced_parameters import RestoreMode
-    from nncf.quantization.algorithms.accuracy_control.algorithm import (QuantizationAccuracyRestorer,
-                                                                         get_number_of_quantized_ops)
-    from nncf.quantization.algorithms.accuracy_control.openvino_backend import OVAccuracyControlAlgoBackend
-    from nncf.quantization.algorithms.accuracy_control.ranker import Ranker
 
     start = time.perf_counter()
-    backend = OVAccuracyControlAlgoBackend()
-    graph = GraphConverter.create_nncf_graph(quantized_model)
-    # NNCF keeps the original weights and biases on the quantized graph's nodes to undo bias correction
-    QuantizationAccuracyRestorer._collect_original_biases_and_weights(
-        GraphConverter.create_nncf_graph(fp32_model), graph, fp32_model, backend)
-    groups = Ranker(len(samples), None, backend, None).find_groups_of_quantizers_to_rank(graph)
+    reverter = reverter or Reverter(fp32_model, quantized_model)
     judge = Judge(fp32_model, samples, gate, output_names)
     int8 = judge(quantized_model, "int8")
     int8_score = judge.score(int8)
     ranges = _activation_ranges(fp32_model, quantized_model, samples)
     measured = []
-    for group in (groups if quiet else track(groups, description="Sensitivity per operation")):
-        reverted = revert_operations_to_floating_point_precision(
-            group.operations, group.quantizers, quantized_model, graph, RestoreMode.ACTIVATIONS_AND_WEIGHTS,
-            backend.get_op_with_weights_metatypes(), backend.is_node_with_weight, backend.get_weight_tensor_port_ids)
-        verdict = judge(reverted, group.operations[0].node_name)
+    groups = list(reverter.groups.items())
+    for name, group in (groups if quiet else track(groups, description="Sensitivity per operation")):
+        verdict = judge(reverter.keep_in_float([name]), name)
         activation = [ranges[q.node_name] for q in group.quantizers if q.node_name in ranges]
         score = judge.score(verdict)
         measured.append(OpSensitivity(
-            name=group.operations[0].node_name, op_type=group.operations[0].node_type,
+            name=name, op_type=group.operations[0].node_type,
             operations=tuple(op.node_name for op in group.operations), score=score, gain=score - int8_score,
             cosine=_cosines(verdict), sqnr_db=_sqnr(judge, verdict),
             range_ratio=max((r[0] for r in activation), default=None),
@@ -112,10 +135,8 @@ def analyse(fp32_model, quantized_model, samples: SampleSet, gate: QualityGate, 
     ranked = sorted(measured, key=lambda op: (op.gain, min(op.sqnr_db.values(), default=0.0)), reverse=True)
     measure = "top-1" if judge.reference.top1 is not None and int8.quality.top1 is not None else \
         "worst gated output's cosine"
-    quantized_ops = get_number_of_quantized_ops(graph, backend.get_quantizer_metatypes(),
-                                                backend.get_quantizable_metatypes())
-    return Sensitivity(METHOD, len(samples), measure, int8_score, _cosines(int8), _sqnr(judge, int8), quantized_ops,
-                       tuple(ranked), round(time.perf_counter() - start, 3))
+    return Sensitivity(METHOD, len(samples), measure, int8_score, _cosines(int8), _sqnr(judge, int8),
+                       reverter.quantized_ops, tuple(ranked), round(time.perf_counter() - start, 3))
 
 
 def quantized_op_count(quantized_model) -> int:

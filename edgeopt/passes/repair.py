@@ -8,8 +8,10 @@ the evaluation set (``edgeopt.judge``, the measures the pipeline's gate applies)
 3. ``smooth_quant``: a transformer with SmoothQuant alpha 0.5 (besides the int8 step's 0.95 / off);
 4. ``bias_correction``: full bias correction instead of the fast one;
 5. ``preset``: MIXED (asymmetric activations), when PERFORMANCE was in use;
-6. ``float_ops``: the k most sensitive operations (``edgeopt.sensitivity``) kept in float with NNCF's ignored
-   scope, k by bisection, at most ``max_float_share`` of the quantized operations;
+6. ``float_ops``: the k most sensitive operations (``edgeopt.sensitivity``) kept in float, at most
+   ``max_float_share`` of the quantized operations; k by bisection on the INT8 model with the operations reverted
+   (NNCF's accuracy-control edit: no calibration per probe), then the model calibrated once with them in NNCF's
+   ignored scope (kept when it passes too: one int8 step reproduces it; else the reverted model is kept);
 7. ``float_islands``: beyond that share, where the device runs float in FP16/BF16 (the profile's inference
    precision or its fp16 precision; on the host without a target) — the same bisection up to every operation.
 
@@ -19,7 +21,6 @@ as ``recipe.toml`` beside the artifact.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -30,7 +31,7 @@ from edgeopt.passes.base import PassContext, WorkingModel
 from edgeopt.passes.config import StepConfig, number
 from edgeopt.passes.quantize import Int8Config, Quantized, compress_quantized_weights, quantize_openvino
 from edgeopt.passes.registry import GRAPH, register
-from edgeopt.sensitivity import Sensitivity, analyse
+from edgeopt.sensitivity import Reverter, Sensitivity, analyse
 
 SMOOTH_QUANT_ALPHA = 0.5  # the SmoothQuant paper's default; NNCF's is 0.95
 
@@ -73,7 +74,7 @@ class Repair:
                 "float_ops": self.float_ops, "float_share": round(self.float_share, 4),
                 "island_precision": self.island_precision,
                 "sensitivity": self.sensitivity.describe() if self.sensitivity else None,
-                "seconds": round(self.seconds, 3), "recipe": "recipe.toml"}
+                "seconds": round(self.seconds, 3), "recipe": "recipe.toml" if self.step else None}
 
 
 @register("int8_repair", Int8RepairConfig, stage=GRAPH, formats=("openvino",), sets_precision=True,
@@ -102,17 +103,28 @@ def int8_repair(model: WorkingModel, ctx: PassContext, config: Int8RepairConfig)
         trial = {**params, **change}
         verdict, quantized = attempt(rung, trial)
         if verdict.passed:
-            return _finish(model, repair, rung, trial, quantized, start)
+            return _finish(model, repair, rung, trial, quantized.model, quantized.note, start)
         if best is None or judge.score(verdict) > judge.score(best[0]):
             params, best = trial, (verdict, quantized)
 
+    reverter = Reverter(fp32, best[1].model)
     repair.sensitivity = analyse(fp32, best[1].model, ctx.evaluation.take(config.ranking_samples), gate, names,
-                                 quiet=ctx.quiet)
+                                 quiet=ctx.quiet, reverter=reverter)
     ranked = list(repair.sensitivity.ranked)
     total = max(repair.sensitivity.quantized_ops, 1)
 
     def operations(k: int) -> list[str]:
         return list(dict.fromkeys(op for group in ranked[:k] for op in group.operations))
+
+    def reverted(rung: str, k: int) -> tuple[Verdict, object]:
+        """The INT8 model with the k most sensitive operations reverted to float (no new calibration)."""
+        began = time.perf_counter()
+        candidate = reverter.keep_in_float([op.name for op in ranked[:k]])
+        verdict = judge(candidate, rung)
+        repair.rungs.append(Rung(f"{rung} k={k} (reverted)", {**params, "ignored_scope": operations(k)},
+                                 verdict.passed, verdict.check, judge.score(verdict),
+                                 round(time.perf_counter() - began, 3)))
+        return verdict, candidate
 
     cap = max((k for k in range(len(ranked) + 1) if len(operations(k)) <= config.max_float_share * total), default=0)
     island_precision = _island_precision(ctx.target)
@@ -120,16 +132,24 @@ def int8_repair(model: WorkingModel, ctx: PassContext, config: Int8RepairConfig)
                             ("float_islands", cap, len(ranked) if config.islands and island_precision else cap)):
         if high <= low:
             continue
-        found = _bisect(low, high, lambda k: attempt(f"{rung} k={k}", {**params, "ignored_scope": operations(k)}))
-        if found is not None:
-            k, quantized = found
-            repair.float_ops = [{**_float_op(op), "rank": i + 1} for i, op in enumerate(ranked[:k])]
-            repair.float_share = len(operations(k)) / total
-            repair.island_precision = island_precision if rung == "float_islands" else None
-            return _finish(model, repair, rung, {**params, "ignored_scope": operations(k)}, quantized, start)
+        found = _bisect(low, high, lambda k: reverted(rung, k))
+        if found is None:
+            continue
+        k, candidate = found
+        repair.float_ops = [{**_float_op(op), "rank": i + 1} for i, op in enumerate(ranked[:k])]
+        repair.float_share = len(operations(k)) / total
+        repair.island_precision = island_precision if rung == "float_islands" else None
+        # the same operations in NNCF's ignored scope: one int8 step reproduces it (calibrated with them in float)
+        step = {**params, "ignored_scope": operations(k)}
+        verdict, quantized = attempt(f"{rung} k={k}", step)
+        if verdict.passed:
+            return _finish(model, repair, rung, step, quantized.model, quantized.note, start)
+        model.notes.append(f"int8_repair: with the same operations in the ignored scope the recalibrated model "
+                           f"misses the gate ({verdict.check}); keeping the reverted one (no one-step recipe)")
+        return _finish(model, repair, rung, None, candidate, best[1].note, start)
     model.notes.append("int8_repair: no rung passed the quality gate; keeping the closest model "
                        f"({best[0].check})")
-    _finish(model, repair, None, params, best[1], start)
+    _finish(model, repair, None, params, best[1].model, best[1].note, start)
 
 
 def _ladder(ov_model, source_model_type: str | None) -> list[tuple[str, dict]]:
@@ -155,20 +175,20 @@ def _activation_matmul(op) -> bool:
     return all(s.get_type_name() != "Constant" for s in sources)
 
 
-def _bisect(low: int, high: int, probe) -> tuple[int, Quantized] | None:
-    """The smallest k in (low, high] whose ``probe(k) -> (verdict, quantized)`` passes, assuming more float never
+def _bisect(low: int, high: int, probe) -> tuple[int, object] | None:
+    """The smallest k in (low, high] whose ``probe(k) -> (verdict, model)`` passes, assuming more float never
     hurts (``high`` itself is tried last, only when nothing below it passed); None when none does."""
     found = None
     while high - low > 1:
         middle = (low + high) // 2
-        verdict, quantized = probe(middle)
+        verdict, candidate = probe(middle)
         if verdict.passed:
-            high, found = middle, (middle, quantized)
+            high, found = middle, (middle, candidate)
         else:
             low = middle
     if found is None:
-        verdict, quantized = probe(high)
-        found = (high, quantized) if verdict.passed else None
+        verdict, candidate = probe(high)
+        found = (high, candidate) if verdict.passed else None
     return found
 
 
@@ -186,19 +206,20 @@ def _float_op(op) -> dict:
             "score": op.score, "sqnr_db": op.sqnr_db, "range_ratio": op.range_ratio, "clipped": op.clipped}
 
 
-def _finish(model: WorkingModel, repair: Repair, rung: str | None, params: dict, quantized: Quantized,
+def _finish(model: WorkingModel, repair: Repair, rung: str | None, step: dict | None, ov_model, note: str,
             start: float) -> None:
-    compress_quantized_weights(quantized.model)
-    model.graphs["openvino"] = quantized.model
+    compress_quantized_weights(ov_model)
+    model.graphs["openvino"] = ov_model
     model.precision = "int8"
     model.float_weights_fp16 = True
     repair.passed_rung = rung
-    repair.step = {"name": "int8", **params}
+    repair.step = {"name": "int8", **step} if step is not None else None
     repair.seconds = time.perf_counter() - start
     model.decisions["int8_repair"] = repair.describe()
-    model.reproduce["int8_repair"] = repair.step
+    if repair.step is not None:
+        model.reproduce["int8_repair"] = repair.step
     tried = ", ".join(f"{r.rung} {'pass' if r.passed else 'fail'} ({r.score:.4f})" for r in repair.rungs)
     kept = (f"; {len(repair.float_ops)} operation(s) in float ({repair.float_share:.1%} of the quantized ones): "
             + ", ".join(op["name"] for op in repair.float_ops)) if repair.float_ops else ""
     model.notes.append(f"int8_repair: {'passed at rung ' + rung if rung else 'no rung passed'} after "
-                       f"{len(repair.rungs)} trial(s) in {repair.seconds:.1f} s ({tried}){kept}; int8 {quantized.note}")
+                       f"{len(repair.rungs)} trial(s) in {repair.seconds:.1f} s ({tried}){kept}; int8 {note}")

@@ -108,7 +108,7 @@ def print_repair(repair: dict, out: Console, count: int = 10) -> None:
         Console(highlight=False, width=max(out.width, 130)).print(table)
     out.print(f"int8 repair: {'passed at rung ' + repair['passed_rung'] if repair['passed_rung'] else 'no rung passed'}"
               f", {len(repair['float_ops'])} operation(s) in float ({repair['float_share']:.1%}); one-step recipe: "
-              f"{repair['recipe']}")
+              f"{repair['recipe'] or 'none (the recalibrated model missed the gate)'}")
 
 
 def print_output_fidelity(result, out: Console) -> None:

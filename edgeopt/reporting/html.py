@@ -76,7 +76,7 @@ def render_repair(repair: dict, chart: bytes | None) -> str:
              f"<p class='verdict {'found' if repair['passed_rung'] else 'quality'}'>"
              f"{escape('passed at rung ' + repair['passed_rung'] if repair['passed_rung'] else 'no rung passed')}; "
              f"{len(repair['float_ops'])} operation(s) in float ({repair['float_share']:.1%} of the quantized ones); "
-             f"reproduce with {escape(repair['recipe'])}</p>",
+             f"{escape('reproduce with ' + repair['recipe'] if repair['recipe'] else 'no one-step recipe')}</p>",
              "<h2>Rungs</h2>", _plain_table(["rung", "gate", "check", "time"], rows)]
     if repair["float_ops"]:
         parts += ["<h2>Operations left in float</h2>", _plain_table(
