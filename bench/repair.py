@@ -70,10 +70,25 @@ def run_model(entry, work: Path, calib_count: int, eval_count: int) -> dict:
                         "repair": result.decisions.get("int8_repair")}
         print(f"  {entry.name} {recipe}: {'PASS' if rows[recipe]['passed'] else 'FAIL'} {rows[recipe]['check']}, "
               f"{wall:.1f} s", flush=True)
-    baseline = rows["int8"]["quantized_ops"]
-    for row in rows.values():
-        row["float_ops"] = baseline - row["quantized_ops"]
-        row["float_share"] = row["float_ops"] / baseline if baseline else 0.0
+    # operations left in float, against the INT8 model each method started from: int8_ac's is nncf.quantize with
+    # its own parameters (preset performance, no model type); int8_repair reports its own
+    from edgeopt.data import load_samples
+    from edgeopt.passes.quantize import Int8Config, quantize_openvino
+
+    start_of_ac = quantize_openvino(_fp32_of(source) if source.kind == "torch" else ov.convert_model(spec), None,
+                                    load_samples(calib, source.inputs),
+                                    Int8Config(preset="performance", model_type="default"))
+    starts = {"int8": rows["int8"]["quantized_ops"], "int8_ac": quantized_op_count(start_of_ac.model)}
+    for recipe, row in rows.items():
+        repair = row["repair"]
+        if repair and repair["sensitivity"]:
+            row["float_ops"] = len({op for group in repair["float_ops"] for op in group["operations"]})
+            row["float_share"] = repair["float_share"]
+        elif recipe == "int8_repair":
+            row["float_ops"], row["float_share"] = 0, 0.0
+        else:
+            row["float_ops"] = starts[recipe] - row["quantized_ops"]
+            row["float_share"] = row["float_ops"] / starts[recipe] if starts[recipe] else 0.0
     fp32 = work / "fp32.xml"
     ov.save_model(ov.convert_model(str(spec)) if spec.endswith(".onnx") else _fp32_of(source), str(fp32),
                   compress_to_fp16=False)
