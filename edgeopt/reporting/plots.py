@@ -92,7 +92,10 @@ def worst_layers(repair: dict, count: int = 15) -> bytes | None:
     ax.tick_params(axis="y", labelsize=7)
     ax.set_title(f"worst layers of {sensitivity['quantized_ops']} quantized operations "
                  f"(green: kept in float by the repair)", fontsize=9, loc="left")
-    ax.margins(x=0.25)
+    gains = [op["gain"] for op in ranked]
+    low, high = min(0.0, *gains), max(0.0, *gains)
+    span = (high - low) or 1e-6
+    ax.set_xlim(low - 0.05 * span, high + 0.5 * span)  # room for the labels right of the bars
     return _png(fig, plt)
 
 
