@@ -88,7 +88,8 @@ class Reverter:
         QuantizationAccuracyRestorer._collect_original_biases_and_weights(
             GraphConverter.create_nncf_graph(fp32_model), self.graph, fp32_model, self.backend)
         found = Ranker(1, None, self.backend, None).find_groups_of_quantizers_to_rank(self.graph)
-        self.groups = {group.operations[0].node_name: group for group in found}
+        # a group reverting no operation (its quantizers feed none NNCF quantizes) has nothing to keep in float
+        self.groups = {group.operations[0].node_name: group for group in found if group.operations}
         self.quantized_ops = get_number_of_quantized_ops(self.graph, self.backend.get_quantizer_metatypes(),
                                                          self.backend.get_quantizable_metatypes())
 
