@@ -3,8 +3,8 @@ on NNCF's own accuracy-control machinery).
 
 Each quantized operation is measured by keeping **only it in float**: NNCF's ``Ranker`` groups the quantizers
 that must go together to revert an operation, and ``revert_operations_to_floating_point_precision`` removes
-them from the INT8 model (restoring the original weights and biases) — one graph edit and one pass over the
-ranking samples per operation, no recalibration. That is the cheaper of the two faithful measures (quantizing
+them from the INT8 model (restoring the original biases; the weights, still under FakeQuantize, are float) —
+one graph edit and one pass over the ranking samples per operation, no recalibration. That is the cheaper of the two faithful measures (quantizing
 only one operation would need a calibration per operation) and it is exactly what keeping the operation in
 float buys. Each reverted model goes through the quality gate's own measures (``edgeopt.judge``): per-output
 cosine and SQNR against the FP32 model, and the gate's figure (top-1 with labels, else the worst gated
@@ -72,21 +72,26 @@ class Sensitivity:
 class Reverter:
     """Keeps chosen quantized operations of an NNCF INT8 OpenVINO model in float, the way NNCF's accuracy control
     does: its ``Ranker`` groups the quantizers that must go together, ``revert_operations_to_floating_point_precision``
-    removes them and restores the original weights and biases. ``groups`` are keyed by their first operation."""
+    removes them and restores the original biases. ``groups`` are keyed by their first operation."""
 
     def __init__(self, fp32_model, quantized_model):
         from nncf.openvino.graph.nncf_graph_builder import GraphConverter
-        from nncf.quantization.algorithms.accuracy_control.algorithm import (QuantizationAccuracyRestorer,
-                                                                             get_number_of_quantized_ops)
+        from nncf.quantization.algorithms.accuracy_control.algorithm import get_number_of_quantized_ops
         from nncf.quantization.algorithms.accuracy_control.openvino_backend import OVAccuracyControlAlgoBackend
         from nncf.quantization.algorithms.accuracy_control.ranker import Ranker
 
         self.model = quantized_model
         self.backend = OVAccuracyControlAlgoBackend()
         self.graph = GraphConverter.create_nncf_graph(quantized_model)
-        # NNCF keeps the original weights and biases on the quantized graph's nodes to undo bias correction
-        QuantizationAccuracyRestorer._collect_original_biases_and_weights(
-            GraphConverter.create_nncf_graph(fp32_model), self.graph, fp32_model, self.backend)
+        # the original biases, on the quantized graph's nodes, undo bias correction (as NNCF's accuracy control
+        # keeps them); the weights are not restored from the FP32 model as it does: with weights still under
+        # FakeQuantize removing the quantizer restores them, and SmoothQuant has rescaled them to match its
+        # rescaled activations (the FP32 weights would be wrong there)
+        fp32_graph = GraphConverter.create_nncf_graph(fp32_model)
+        for node in fp32_graph.get_all_nodes():
+            if self.backend.is_node_with_bias(node, fp32_graph):
+                self.graph.get_node_by_name(node.node_name).attributes["original_bias"] = \
+                    self.backend.get_bias_value(node, fp32_graph, fp32_model)
         found = Ranker(1, None, self.backend, None).find_groups_of_quantizers_to_rank(self.graph)
         # a group reverting no operation (its quantizers feed none NNCF quantizes) has nothing to keep in float
         self.groups = {group.operations[0].node_name: group for group in found if group.operations}
