@@ -56,6 +56,13 @@ class Judge:
         passed, check = self.gate.check(self.reference, quality)
         return Verdict(quality, passed, check, outputs)
 
+    @property
+    def threshold(self) -> float:
+        """The score the gate asks for (``score``'s pass line)."""
+        if self.reference.top1 is not None:
+            return self.reference.top1 - self.gate.max_drop
+        return self.gate.min_cosine
+
     def score(self, verdict: Verdict) -> float:
         """One number to compare two failing candidates (higher is closer to passing): the labelled top-1 when
         the gate is on top-1, else the worst gated output's cosine."""

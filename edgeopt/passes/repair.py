@@ -1,6 +1,6 @@
 """INT8 repair: when INT8 misses the quality gate, a ladder of cheap fixes that stops at the first passing model.
 
-Rungs, each kept when it brings the model closer to the gate (cumulative), each judged by the quality gate on
+Rungs, each kept when it closes at least a tenth of the gap to the gate (cumulative), each judged by the quality gate on
 the evaluation set (``edgeopt.judge``, the measures the pipeline's gate applies):
 
 1. ``int8``: the plain step (model type recognised from the source or graph, NNCF's preset for it);
@@ -104,7 +104,7 @@ def int8_repair(model: WorkingModel, ctx: PassContext, config: Int8RepairConfig)
         verdict, quantized = attempt(rung, trial)
         if verdict.passed:
             return _finish(model, repair, rung, trial, quantized.model, quantized.note, start)
-        if best is None or judge.score(verdict) > judge.score(best[0]):
+        if best is None or _closer(judge, judge.score(verdict), judge.score(best[0])):
             params, best = trial, (verdict, quantized)
 
     reverter = Reverter(fp32, best[1].model)
@@ -150,6 +150,12 @@ def int8_repair(model: WorkingModel, ctx: PassContext, config: Int8RepairConfig)
     model.notes.append("int8_repair: no rung passed the quality gate; keeping the closest model "
                        f"({best[0].check})")
     _finish(model, repair, None, params, best[1].model, best[1].note, start)
+
+
+def _closer(judge: Judge, score: float, best: float) -> bool:
+    """Whether a rung's change is worth keeping: it closes at least a tenth of the gap to the gate (a change that
+    moves the figure by noise would only cost time in every later calibration, e.g. full bias correction)."""
+    return score - best >= 0.1 * max(judge.threshold - best, 0.0)
 
 
 def _ladder(ov_model, source_model_type: str | None) -> list[tuple[str, dict]]:
