@@ -1,7 +1,7 @@
 """INT8 repair: when INT8 misses the quality gate, a ladder of cheap fixes that stops at the first passing model.
 
-Rungs, each kept when it closes at least a tenth of the gap to the gate (cumulative), each judged by the quality gate on
-the evaluation set (``edgeopt.judge``, the measures the pipeline's gate applies):
+Rungs, each kept when it closes at least a tenth of the gap to the gate (cumulative), each judged by the quality
+gate on the evaluation set (``edgeopt.judge``, the measures the pipeline's gate applies):
 
 1. ``int8``: the plain step (model type recognised from the source or graph, NNCF's preset for it);
 2. ``model_type``: a graph with MatMuls not recognised as a transformer is tried as one (SmoothQuant, MIXED);
