@@ -17,12 +17,12 @@ between steps (PyTorch steps first, one step that decides the precision) are che
 
 from __future__ import annotations
 
-import json
 import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edgeopt import jsonio
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.passes.config import StepConfig
 from edgeopt.passes.registry import GRAPH, TORCH, PassInfo, get_pass
@@ -146,7 +146,7 @@ def _toml_value(value) -> str:
     if isinstance(value, int) or (isinstance(value, float) and math.isfinite(value)):
         return repr(value)
     if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a TOML basic string
+        return jsonio.dumps(value)  # a JSON string is a TOML basic string
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     raise TypeError(f"no TOML form for {value!r}")  # a bug in the step that asked
