@@ -23,7 +23,7 @@ from edgeopt.formats import FORMATS, REFERENCE, artifact_weight_bytes, format_of
 from edgeopt.passes.base import PassContext, WorkingModel
 from edgeopt.passes.registry import GRAPH, TORCH
 from edgeopt.provenance import describe_inputs
-from edgeopt.recipe import Recipe, Step, build_recipe
+from edgeopt.recipe import Recipe, Step, build_recipe, recipe_toml
 from edgeopt.reporting.reports import CompressReport
 from edgeopt.source import SourceModel, load_model
 from edgeopt.reporting.steps import StepRecorder, StepReport
@@ -123,7 +123,7 @@ def compress(model: str | Path, calibration: str | Path, *, out: str | Path, rec
              eval_settings: RuntimeSettings = EVAL_SETTINGS, train_data: str | Path | None = None,
              step_report: bool | None = None, quiet: bool = False, measuring: Measuring = Measuring(),
              weights: Step | None = None, batch_axes: dict | None = None, task: str | None = None,
-             golden: str | Path | None = None) -> CompressResult:
+             golden: str | Path | None = None, repair: bool = False) -> CompressResult:
     """Compress ``model`` with ``recipe`` and write the artifacts to ``out`` atomically.
 
     ``recipe``: steps (``"prune,distill,int8"``, a recipe ``.toml``, or a ``Recipe``); ``precision`` is the
@@ -137,9 +137,12 @@ def compress(model: str | Path, calibration: str | Path, *, out: str | Path, rec
     the model after every step (default: when the recipe has a PyTorch step). ``batch_axes`` (by input name) and
     ``task`` (for a Hugging Face model folder) go to ``load_model``. ``golden``: a golden set folder
     (``edgeopt golden create``) every artifact is also checked against (its tolerances and metric threshold).
+    ``repair`` replaces the recipe's ``int8`` step with ``int8_repair`` (the ladder that runs when INT8 misses
+    the gate; needs ``eval_data``).
     """
     profile = as_target(target)
-    return compress_recipe(model, calibration, build_recipe(recipe, precision, weights=weights, target=profile),
+    return compress_recipe(model, calibration, build_recipe(recipe, precision, weights=weights, target=profile,
+                                                            repair=repair),
                            out=out, target=profile, formats=formats, eval_data=eval_data, gate=gate,
                            input_shapes=input_shapes, seed=seed, eval_settings=eval_settings, train_data=train_data,
                            step_report=step_report, quiet=quiet, measuring=measuring, batch_axes=batch_axes,
@@ -157,7 +160,7 @@ def compress_recipe(model: str | Path, calibration: str | Path, recipe: Recipe, 
     validation on the target (the search measures its candidates itself)."""
     timer = _Timer()
     profile = target
-    formats = _formats(model, formats, profile)
+    formats = _formats(model, formats, profile, recipe)
     _check_contracts(recipe, formats, eval_data)
     asked = (gate.metric if gate else None) or recipe.metric  # a profile's metric applies where there is data
     if asked is not None and not eval_data and golden is None:
@@ -188,6 +191,10 @@ def compress_recipe(model: str | Path, calibration: str | Path, recipe: Recipe, 
         with atomic.atomic_dir(out) as tmp:
             with timer("save"):
                 artifacts = save_artifacts(working, tmp, formats)
+                if working.reproduce:
+                    _write_reproducing_recipe(tmp / "recipe.toml", recipe, working.reproduce)
+                if "int8_repair" in working.decisions:
+                    _write_repair_page(tmp / "repair.html", working.decisions["int8_repair"])
             result = CompressResult(tmp, recipe, artifacts, gate=gate, notes=working.notes, seconds=timer.seconds,
                                     eval_settings=eval_settings, fp32_ir_bytes=fp32_ir_bytes,
                                     fp32_weight_bytes=fp32_weights,
@@ -231,12 +238,15 @@ def as_target(target: Target | str | Path | None) -> Target | None:
     return target if target is None or isinstance(target, Target) else load_target(target)
 
 
-def _formats(model: str | Path, formats: tuple[str, ...] | str | None, target: Target | None) -> tuple[str, ...]:
+def _formats(model: str | Path, formats: tuple[str, ...] | str | None, target: Target | None,
+             recipe: Recipe) -> tuple[str, ...]:
     if isinstance(formats, str):
         formats = parse_formats(formats)
     if formats is None:
         native = format_of(model).name if Path(model).suffix.lower() in model_suffixes() else None
         formats = (REFERENCE,) if native == REFERENCE else tuple(FORMATS)
+        accepted = [f for f in formats if all(f in step.info.formats for step in recipe.stage(GRAPH))]
+        formats = tuple(accepted) or formats  # by default, the formats every graph step of the recipe writes
     unknown = [f for f in formats if f not in FORMATS]
     if unknown:
         raise BadInputError(f"unknown format(s) {', '.join(unknown)} (known: {', '.join(FORMATS)})")
@@ -298,6 +308,19 @@ def _run_recipe(source: SourceModel, recipe: Recipe, ctx: PassContext, formats: 
         with timer("step report"):
             observe(step.describe(), working)
     return working, baseline, fp32_ir_bytes, fp32_weights
+
+
+def _write_reproducing_recipe(path: Path, recipe: Recipe, found: dict[str, dict]) -> None:
+    """The recipe that redoes this run in one pass: each searching step replaced by the step it found."""
+    steps = [found.get(step.name, {"name": step.name, **step.params}) for step in recipe.steps]
+    atomic.write_text(path, recipe_toml(steps, f"Reproduces the OpenVINO IR of {recipe.describe()} without its "
+                                               f"search:\nedgeopt compress ... --format openvino --recipe recipe.toml"))
+
+
+def _write_repair_page(path: Path, repair: dict) -> None:
+    from edgeopt.reporting import html, plots
+
+    atomic.write_text(path, html.render_repair(repair, plots.worst_layers(repair)))
 
 
 def _copy_graph(name: str, model):

@@ -20,10 +20,12 @@ between steps (PyTorch steps first, one step that decides the precision) are che
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edgeopt import jsonio
 from edgeopt.device.task_metric import MetricSpec
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.passes.config import StepConfig
@@ -146,13 +148,49 @@ def _recipe_metric(path: Path, value) -> MetricSpec | None:
         raise BadInputError(f"{path}: metric: {exc}") from None
 
 
+def recipe_toml(steps: list[dict], comment: str = "") -> str:
+    """A recipe file (``[[step]]`` tables) for ``steps`` given as ``{"name": ..., parameter: value}``; parameters
+    that are ``None`` are left out (their defaults)."""
+    lines = [f"# {line}" for line in comment.splitlines()]
+    for step in steps:
+        lines += ["", "[[step]]"] + [f"{key} = {_toml_value(value)}" for key, value in step.items() if value is not None]
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int) or (isinstance(value, float) and math.isfinite(value)):
+        return repr(value)
+    if isinstance(value, str):
+        return jsonio.dumps(value)  # a JSON string is a TOML basic string
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"no TOML form for {value!r}")  # a bug in the step that asked
+
+
 PRECISION_STEPS = {"int8": "int8", "fp16": "fp16", "fp32": None}  # --precision shorthand -> the step it means
 
 
 def build_recipe(recipe: str | Recipe | None = None, precision: str | None = None, *, weights: Step | None = None,
-                 target=None) -> Recipe:
+                 target=None, repair: bool = False) -> Recipe:
     """The recipe a compress run executes, from a recipe, the ``--precision`` shorthand, a ``weights`` step
-    (``--weights``) and a device profile (its preferred precision when nothing else sets one)."""
+    (``--weights``) and a device profile (its preferred precision when nothing else sets one); ``repair``
+    (``--repair``) then replaces its ``int8`` step with ``int8_repair``."""
+    built = _build_recipe(recipe, precision, weights=weights, target=target)
+    if not repair:
+        return built
+    plain = [step for step in built.steps if step.name == "int8"]
+    if not plain:
+        raise BadInputError(f"--repair repairs an int8 step; recipe '{built.describe()}' has none")
+    if plain[0].params:
+        raise BadInputError(f"--repair: the ladder chooses the int8 step's parameters; drop "
+                            f"{', '.join(sorted(plain[0].params))} or write an int8_repair step")
+    return checked(Recipe(tuple(make_step("int8_repair", source="--repair") if step.name == "int8" else step
+                                for step in built.steps)))
+
+
+def _build_recipe(recipe: str | Recipe | None, precision: str | None, *, weights: Step | None, target) -> Recipe:
     parsed = recipe if isinstance(recipe, Recipe) else parse_recipe(recipe) if recipe else None
     if precision is not None and precision not in PRECISION_STEPS:
         raise BadInputError(f"--precision: must be one of {', '.join(PRECISION_STEPS)}, got {precision!r}")

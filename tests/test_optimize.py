@@ -203,7 +203,7 @@ def test_default_plan_follows_the_careful_order(tmp_path):
     stages = load_plan()
     assert [s.name for s in stages][:3] == ["baseline", "cheap wins", "accuracy-controlled INT8"]
     labels = [c.label for s in stages for c in s.candidates]
-    assert labels.index("fp16") < labels.index("int8") < labels.index("int8-ac") < labels.index("weights")
+    assert labels.index("fp16") < labels.index("int8") < labels.index("int8-repair") < labels.index("weights")
     assert stages[-1].candidates[-1].recipe.names[:2] == ["prune", "distill"]
     bad = tmp_path / "plan.toml"
     bad.write_text('[[stage]]\nname = "a"\n[[stage.candidate]]\nlabel = "x"\nprecision = "fp32"\nsteps = []\n'

@@ -23,6 +23,8 @@ from edgeopt.out_guard import input_bytes
               help="Output precision (shorthand for a one-step recipe; default int8).")
 @click.option("--recipe", default=None, help="Steps, e.g. prune,distill,int8, or a recipe .toml file.")
 @click.option("--eval", "eval_data", default=None, help="Evaluation data (with labels for top-1).")
+@click.option("--repair", is_flag=True, help="When INT8 misses the quality gate, repair it (int8_repair: model type, "
+              "SmoothQuant, bias correction, preset, then the most sensitive operations in float); needs --eval.")
 @click.option("--train", "train_data", default=None, help="Training data for prune/distill/qat fine-tuning "
               "(same forms as --calib; default: the calibration set).")
 @click.option("--step-report/--no-step-report", default=None, help="Measure params, MACs, size, accuracy and "
@@ -61,7 +63,7 @@ from edgeopt.out_guard import input_bytes
 def compress(model, calibration, out, formats, precision, recipe, eval_data, max_drop, min_cosine, input_shapes,
              seed, json_out, quiet, target, validate_runs, validate_seconds, device_spec, require_device, package_out,
              build_id, sign, train_data, step_report, force, min_token_agreement, max_perplexity_ratio, gate_outputs,
-             batch_axes, task, metric, max_rel_drop, golden, **weight_args):
+             batch_axes, task, metric, max_rel_drop, golden, repair, **weight_args):
     """Compress MODEL (ONNX, OpenVINO IR, file.py:factory, TorchScript, .pt2 or a Hugging Face model folder)
     and write IR/ONNX to OUT."""
     from edgeopt.api import compress as run_compress
@@ -92,7 +94,8 @@ def compress(model, calibration, out, formats, precision, recipe, eval_data, max
                               input_shapes=parse_input_shapes(input_shapes), seed=seed, train_data=train_data,
                               step_report=step_report, quiet=quiet,
                               measuring=None if device_spec else measuring,
-                              batch_axes=parse_batch_axes(batch_axes), task=task, golden=golden)
+                              batch_axes=parse_batch_axes(batch_axes), task=task, golden=golden,
+                              repair=repair)
         if device_spec and result.target is not None and result.quality_passed:
             _validate_remote(result, device_spec, measuring)
     emit(result.describe(), lambda: print_compress_result(result), json_out, quiet)

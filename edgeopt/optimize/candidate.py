@@ -33,6 +33,7 @@ class Candidate:
     timings_ms: list[float] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     built: str | None = None  # the precision label of what was built (e.g. "int4/int8 weights")
+    repair: dict | None = None  # what int8_repair did (its decision in the compress report), when it ran
     reused: dict[str, bool] = field(default_factory=lambda: {"artifact": False, "measurement": False})
 
     @property
@@ -77,6 +78,7 @@ class Candidate:
             "measured_with": self.validation["measured_with"]["summary"] if self.validation else None,
             "notes": self.notes + (self.validation["notes"] if self.validation else []),
             "reused": self.reused, "timings_ms": self.timings_ms,
+            **({"repair": self.repair} if self.repair else {}),
         }
 
 

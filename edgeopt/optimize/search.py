@@ -211,6 +211,7 @@ class _Builder:
         candidate.file_bytes = artifact["bytes"]
         candidate.notes = list(report.notes)
         candidate.built = artifact["precision"]
+        candidate.repair = report.decisions.get("int8_repair")
         original = Quality.from_dict(report.quality["original"])
         quality = Quality.from_dict(report.quality["artifacts"][self.fmt])
         candidate.top1, candidate.reference_top1 = quality.top1, original.top1

@@ -26,6 +26,7 @@ class WorkingModel:
     float_weights_fp16: bool = False  # store the float constants that remain as FP16 (set by the precision passes)
     notes: list[str] = field(default_factory=list)  # choices a pass made, for the report
     decisions: dict[str, Any] = field(default_factory=dict)  # measured choices a pass made, for report.json
+    reproduce: dict[str, dict] = field(default_factory=dict)  # step name -> the step that redoes what it found
 
     @property
     def ov_model(self):

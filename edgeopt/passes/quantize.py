@@ -41,51 +41,94 @@ class Int8Config(StepConfig):
 @register("int8", Int8Config, stage=GRAPH, formats=("openvino", "onnx"), sets_precision=True,
           summary="INT8 post-training quantization of weights and activations (nncf.quantize)")
 def int8(model: WorkingModel, ctx: PassContext, config: Int8Config) -> None:
-    import nncf
-
-    kind = (detect_model_type(model.source.model_type, model.ov_model) if config.model_type == "auto"
-            else ModelType(config.model_type, "set by the recipe"))
-    transformer = kind.name == TRANSFORMER
-    smooth_quant_alpha = config.smooth_quant_alpha
-    kwargs = dict(
-        preset=nncf_preset(config.preset),
-        subset_size=min(config.subset_size, len(ctx.calibration)),
-        fast_bias_correction=config.fast_bias_correction,
-        model_type=kind.nncf(),
-        ignored_scope=(nncf.IgnoredScope(names=list(config.ignored_scope), validate=False)
-                       if config.ignored_scope else None),
-    )
-    dataset = ctx.calibration.to_nncf()
-    smooth_quant = ""
-    try:
-        if transformer and smooth_quant_alpha is None:
-            model.graphs["openvino"], smooth_quant_alpha, smooth_quant = quantize_choosing_smooth_quant(
-                model.ov_model, ctx.calibration.samples,
-                lambda m, advanced: nncf.quantize(m, dataset, **kwargs, advanced_parameters=advanced))
-            kwargs["advanced_parameters"] = smooth_quant_parameters(smooth_quant_alpha)
-        else:
-            if transformer:
-                kwargs["advanced_parameters"] = smooth_quant_parameters(smooth_quant_alpha)
-                smooth_quant = f"SmoothQuant alpha {smooth_quant_alpha} (set by the recipe)"
-            model.graphs["openvino"] = nncf.quantize(model.ov_model, dataset, **kwargs)
-    except nncf.ValidationError as exc:
-        raise BadInputError(f"int8: {first_line(exc)}") from exc
-    except Exception as exc:  # NNCF has no typed error for a graph it cannot handle: name what it said
-        raise BadInputError(f"int8: NNCF cannot quantize this model ({unsupported_message(model.ov_model, exc)})") from exc
+    quantized = quantize_openvino(model.ov_model, model.source.model_type, ctx.calibration, config)
+    model.graphs["openvino"] = quantized.model
     model.precision = "int8"
     model.float_weights_fp16 = True
-    chosen = config.preset if config.preset != "auto" else ("mixed" if transformer else "performance")
-    smooth_quant = f", {smooth_quant}" if smooth_quant else ""
-    model.notes.append(f"int8: preset={chosen}, subset={kwargs['subset_size']} samples, "
-                       f"model_type={kind.describe()}{smooth_quant}")
+    model.notes.append(f"int8: {quantized.note}")
     if "onnx" in model.graphs:
-        onnx_options = {k: v for k, v in kwargs.items() if k != "subset_size"}
-        picked = quantize_onnx(model.graphs["onnx"], ctx.calibration, subset_size=kwargs["subset_size"],
+        onnx_options = {k: v for k, v in quantized.kwargs.items() if k != "subset_size"}
+        picked = quantize_onnx(model.graphs["onnx"], ctx.calibration, subset_size=quantized.kwargs["subset_size"],
                                nncf_options=onnx_options)
         model.graphs["onnx"] = picked.model
         model.decisions["onnx_int8"] = picked.describe()
         model.notes.append(f"onnx int8: {picked.backend} backend chosen by fusability, measured fidelity, size "
                            f"({', '.join(_summary(c) for c in picked.candidates)}; FP32 p50 {picked.fp32_p50_ms} ms)")
+
+
+@dataclass
+class Quantized:
+    model: object  # the INT8 openvino.Model
+    kwargs: dict  # what nncf.quantize was given (but the data set and advanced parameters)
+    note: str  # preset, subset, model type and SmoothQuant, in words
+    transformer: bool
+
+
+def quantize_openvino(ov_model, source_model_type: str | None, calibration, config: Int8Config, *,
+                      compress_weights: bool = True) -> Quantized:
+    """``nncf.quantize`` of an OpenVINO model as the ``int8`` step configures it. ``compress_weights=False``
+    leaves the weights under FakeQuantize (what NNCF's accuracy control edits; ``compress_quantized_weights``
+    finishes the model)."""
+    import nncf
+
+    kind = (detect_model_type(source_model_type, ov_model) if config.model_type == "auto"
+            else ModelType(config.model_type, "set by the recipe"))
+    transformer = kind.name == TRANSFORMER
+    smooth_quant_alpha = config.smooth_quant_alpha
+    kwargs = dict(
+        preset=nncf_preset(config.preset),
+        subset_size=min(config.subset_size, len(calibration)),
+        fast_bias_correction=config.fast_bias_correction,
+        model_type=kind.nncf(),
+        ignored_scope=(nncf.IgnoredScope(names=list(config.ignored_scope), validate=False)
+                       if config.ignored_scope else None),
+    )
+    dataset = calibration.to_nncf()
+
+    def advanced(alpha: float | None):
+        parameters = smooth_quant_parameters(alpha) if alpha is not None else nncf.AdvancedQuantizationParameters()
+        if not compress_weights:
+            from nncf.openvino.quantization.backend_parameters import BackendParameters
+
+            parameters.backend_params[BackendParameters.COMPRESS_WEIGHTS] = False
+        return parameters
+
+    smooth_quant = ""
+    try:
+        if transformer and smooth_quant_alpha is None:
+            quantized, smooth_quant_alpha, smooth_quant = quantize_choosing_smooth_quant(
+                ov_model, calibration.samples,
+                lambda m, alpha: nncf.quantize(m, dataset, **kwargs, advanced_parameters=advanced(alpha)))
+        else:
+            if transformer:
+                smooth_quant = f"SmoothQuant alpha {smooth_quant_alpha} (set by the recipe)"
+            quantized = nncf.quantize(ov_model, dataset, **kwargs,
+                                      advanced_parameters=advanced(smooth_quant_alpha if transformer else None))
+    except nncf.ValidationError as exc:
+        raise BadInputError(f"int8: {first_line(exc)}") from exc
+    except Exception as exc:  # NNCF has no typed error for a graph it cannot handle: name what it said
+        raise BadInputError(f"int8: NNCF cannot quantize this model ({unsupported_message(ov_model, exc)})") from exc
+    if transformer:
+        kwargs["advanced_parameters"] = smooth_quant_parameters(smooth_quant_alpha)
+    chosen = config.preset if config.preset != "auto" else ("mixed" if transformer else "performance")
+    smooth_quant = f", {smooth_quant}" if smooth_quant else ""
+    note = f"preset={chosen}, subset={kwargs['subset_size']} samples, model_type={kind.describe()}{smooth_quant}"
+    return Quantized(quantized, kwargs, note, transformer)
+
+
+def compress_quantized_weights(ov_model) -> None:
+    """Store the FakeQuantized weights of a model quantized with ``compress_weights=False`` as INT8 constants
+    (what ``nncf.quantize`` does by default), in place."""
+    from openvino._offline_transformations import compress_quantize_weights_transformation
+
+    compress_quantize_weights_transformation(ov_model)
+    # NNCF records its parameters in the model; record what nncf.quantize would have, so that the int8 step with
+    # the same parameters writes the same bytes
+    path = ["nncf", "quantization", "advanced_parameters"]
+    if ov_model.has_rt_info(path):
+        recorded = ov_model.get_rt_info(path).astype(str)
+        ov_model.set_rt_info(recorded.replace("'backend_params': {'compress_weights': False}", "'backend_params': {}"),
+                             path)
 
 
 def _summary(built) -> str:

@@ -16,7 +16,7 @@ from edgeopt.errors import BadInputError
 from edgeopt.passes.config import StepConfig
 
 TORCH, GRAPH = "torch", "graph"
-_BUILTIN = ("quantize", "accuracy_control", "weights", "prune", "sparsify", "distill", "qat")
+_BUILTIN = ("quantize", "accuracy_control", "repair", "weights", "prune", "sparsify", "distill", "qat")
 
 
 @dataclass(frozen=True)

@@ -25,13 +25,13 @@ def smooth_quant_parameters(alpha: float):
 
 
 def quantize_choosing_smooth_quant(ov_model, samples: list[dict], quantize) -> tuple[object, float, str]:
-    """``quantize(model, advanced_parameters)`` for each candidate; return the model with the best worst-output
+    """``quantize(model, alpha)`` for each candidate; return the model with the best worst-output
     cosine on ``samples`` (calibration samples), its alpha, and a note with every candidate's figure."""
     samples = samples[:SAMPLES]
     reference = _outputs(ov_model, samples)
     results = []
     for label, alpha in CANDIDATES.items():
-        quantized = quantize(ov_model.clone(), smooth_quant_parameters(alpha))
+        quantized = quantize(ov_model.clone(), alpha)
         worst = min(compare_outputs(o, r).cosine for o, r in zip(_outputs(quantized, samples), reference))
         results.append((worst, alpha, label, quantized))
     best = max(results, key=lambda r: r[0])

