@@ -81,7 +81,7 @@ def int8(model: WorkingModel, ctx: PassContext, config: Int8Config) -> None:
     if "onnx" in model.graphs:
         onnx_options = {k: v for k, v in kwargs.items() if k != "subset_size"}
         picked = quantize_onnx(model.graphs["onnx"], ctx.calibration, subset_size=kwargs["subset_size"],
-                               nncf_options=onnx_options)
+                               nncf_options=onnx_options, transformer=transformer)
         model.graphs["onnx"] = picked.model
         model.decisions["onnx_int8"] = picked.describe()
         model.notes.append(f"onnx int8: {picked.backend} backend chosen by fusability, measured fidelity, size "
