@@ -17,7 +17,8 @@ from torch import nn
 
 from edgeopt.data import SampleSet
 from edgeopt.onnx_prep import normalise
-from edgeopt.passes.onnx_int8 import ffn_down_projections, ort_options, quantize_onnx, unfused_share
+from edgeopt.model_type import ffn_down_projections
+from edgeopt.passes.onnx_int8 import ort_options, quantize_onnx, unfused_share
 
 LENGTH, VOCAB = 16, 200
 
@@ -97,7 +98,7 @@ def _mean_cosine(model, reference, samples) -> float:
 
 def test_ffn_down_projections_are_found(encoder):
     prepared = normalise(encoder[0]).model
-    down = ffn_down_projections(prepared)
+    down = ffn_down_projections(onnx_model=prepared)
     producer = {out: node for node in prepared.graph.node for out in node.output}
     assert len(down) == 2  # one per layer: the projection fed by the GELU (spelled out with Erf at opset 17)
     for node in (n for n in prepared.graph.node if n.name in down):
@@ -114,7 +115,7 @@ def test_ffn_down_projections_are_found(encoder):
 def test_transformer_onnx_int8_quantizes_matmuls_only_and_stays_faithful(encoder):
     model, calib, held = encoder
     result = quantize_onnx(model, SampleSet(calib, None, "test"), subset_size=32, nncf_options={}, transformer=True,
-                           backends=("ort",))
+                           ffn_down_float=True, backends=("ort",))
     graph = result.model.graph
     producer = {out: node for node in graph.node for out in node.output}
     consumers = {}
@@ -127,19 +128,17 @@ def test_transformer_onnx_int8_quantizes_matmuls_only_and_stays_faithful(encoder
         # a MatMul's input or output: no QDQ of its own on Gather, LayerNorm, the mask Add or Softmax, and the
         # residual Add reads the float LayerNorm output, not its quantized copy
         assert source in ("MatMul", "Gemm") or users <= {"MatMul", "Gemm"}, (source, users)
-    down = set(ffn_down_projections(normalise(model).model))
+    down = set(ffn_down_projections(onnx_model=normalise(model).model))
     assert len(down) == 2 and not [n for n in graph.node if n.name in down and any(
         getattr(producer.get(i), "op_type", "") == "DequantizeLinear" for i in n.input)]  # left in float
     assert unfused_share(result.model) == 0.0
     assert _mean_cosine(result.model, model, held) >= 0.97
 
 
-def test_ort_options_differ_for_transformers(encoder):
-    prepared = normalise(encoder[0]).model
-    plain, transformer = ort_options(prepared, False), ort_options(prepared, True)
+def test_ort_options_differ_for_transformers():
+    plain, transformer = ort_options(False, []), ort_options(True, ["down"])
     assert "op_types_to_quantize" not in plain and "nodes_to_exclude" not in plain
-    assert transformer["op_types_to_quantize"] == ["MatMul", "Gemm"]
-    assert transformer["nodes_to_exclude"] == ffn_down_projections(prepared)
+    assert transformer["op_types_to_quantize"] == ["MatMul", "Gemm"] and transformer["nodes_to_exclude"] == ["down"]
     assert transformer["extra_options"]["OpTypesToExcludeOutputQuantization"] == ["Gemm"]
 
 

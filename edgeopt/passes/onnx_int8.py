@@ -30,6 +30,7 @@ import numpy as np
 
 from edgeopt.data import SampleSet
 from edgeopt.errors import BadInputError, first_line
+from edgeopt.model_type import ffn_down_projections
 from edgeopt.onnx_prep import normalise
 
 FIDELITY_TOLERANCE = 0.01  # cosines this close count as equal fidelity; then speed decides
@@ -68,14 +69,17 @@ class OnnxInt8:
                 "candidates": [c.describe() for c in self.candidates]}
 
 
-def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_options: dict, transformer: bool = False,
+def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_options: dict,
+                  ignored: list[str] | None = None, transformer: bool = False, ffn_down_float: bool = False,
                   backends: tuple[str, ...] = ("nncf", "ort")) -> OnnxInt8:
     """Normalise ``model`` and return the best INT8 model among ``backends``; a model no backend can quantize
-    is a one-line ``BadInputError`` naming what stopped them. ``transformer``: ONNX Runtime's candidate uses
-    the transformer recipe (:func:`ort_options`); NNCF's gets the model type through ``nncf_options``."""
+    is a one-line ``BadInputError`` naming what stopped them. ``ignored``: node names both backends leave in
+    float. ``transformer``: ONNX Runtime's candidate uses the transformer recipe (:func:`ort_options`), NNCF's
+    gets the model type through ``nncf_options``; ``ffn_down_float``: the FFN down-projections stay float."""
     prepared = normalise(model)
-    builders = {"nncf": lambda m: _nncf(m, calibration, subset_size, nncf_options),
-                "ort": lambda m: _ort(m, calibration, subset_size, transformer)}
+    keep = list(ignored or []) + (ffn_down_projections(onnx_model=prepared.model) if ffn_down_float else [])
+    builders = {"nncf": lambda m: _nncf(m, calibration, subset_size, nncf_options, keep),
+                "ort": lambda m: _ort(m, calibration, subset_size, transformer, keep)}
     built = []
     for name in backends:
         try:
@@ -136,30 +140,27 @@ def unfused_share(model) -> float:
     return round(sum(not fused(n) for n in quantized) / len(quantized), 4)
 
 
-def _nncf(model, calibration: SampleSet, subset_size: int, options: dict):
+def _nncf(model, calibration: SampleSet, subset_size: int, options: dict, ignored: list[str]):
     import nncf
 
-    quantized = nncf.quantize(model, calibration.to_nncf(), subset_size=subset_size, **options)
+    scope = nncf.IgnoredScope(names=ignored, validate=False) if ignored else None
+    quantized = nncf.quantize(model, calibration.to_nncf(), subset_size=subset_size, ignored_scope=scope, **options)
     fold_weight_quantizers(quantized)
     return quantized
 
 
-_ACTIVATIONS = {"Gelu", "FastGelu", "BiasGelu", "QuickGelu", "Relu", "LeakyRelu", "Elu", "Selu", "HardSwish",
-                "Softplus", "Mish"}
-_SPELLED_ACTIVATIONS = {"Erf", "Tanh", "Sigmoid"}  # GELU/SiLU written out: x * 0.5 * (1 + erf(...)), x * sigmoid(x)
-_LAYOUT_OPS = {"Reshape", "Transpose", "Cast", "Flatten", "Squeeze", "Unsqueeze"}
-
-
-def ort_options(model, transformer: bool) -> dict:
-    """quantize_static's options: per-channel QDQ, uint8 activations, int8 weights; for a transformer, only
-    MatMul/Gemm, Gemm outputs in float and the FFN down-projections (:func:`ffn_down_projections`) left out."""
+def ort_options(transformer: bool, ignored: list[str]) -> dict:
+    """quantize_static's options: per-channel QDQ, uint8 activations, int8 weights, ``ignored`` nodes left out;
+    for a transformer, only MatMul/Gemm, with Gemm outputs in float."""
     from onnxruntime.quantization import QuantFormat, QuantType
 
     options = dict(quant_format=QuantFormat.QDQ, per_channel=True, activation_type=QuantType.QUInt8,
                    weight_type=QuantType.QInt8,
                    extra_options={"CalibTensorRangeSymmetric": False, "WeightSymmetric": True})
+    if ignored:
+        options["nodes_to_exclude"] = list(ignored)
     if transformer:
-        options.update(op_types_to_quantize=["MatMul", "Gemm"], nodes_to_exclude=ffn_down_projections(model))
+        options["op_types_to_quantize"] = ["MatMul", "Gemm"]
         options["extra_options"]["OpTypesToExcludeOutputQuantization"] = ["Gemm"]
     return options
 
@@ -185,33 +186,7 @@ def float_side_paths(model) -> int:
     return rewired
 
 
-def ffn_down_projections(model) -> list[str]:
-    """Names of the MatMul/Gemm nodes with a constant weight whose activation input comes (through layout ops)
-    from an activation function: a transformer FFN's second projection, whose input has outlier neurons."""
-    graph = model.graph
-    constants = {init.name for init in graph.initializer}
-    producer = {out: node for node in graph.node for out in node.output}
-
-    def source(tensor: str):
-        node = producer.get(tensor)
-        while node is not None and node.op_type in _LAYOUT_OPS:
-            node = producer.get(node.input[0])
-        return node
-
-    def activation(node, depth: int = 4) -> bool:
-        if node is None or depth == 0:
-            return False
-        if node.op_type in _ACTIVATIONS or node.op_type in _SPELLED_ACTIVATIONS:
-            return True
-        return node.op_type in ("Mul", "Div", "Add") and any(activation(producer.get(i), depth - 1)
-                                                              for i in node.input)
-
-    return [node.name for node in graph.node
-            if node.op_type in ("MatMul", "Gemm") and len(node.input) > 1 and node.input[1] in constants
-            and node.name and activation(source(node.input[0]))]
-
-
-def _ort(model, calibration: SampleSet, subset_size: int, transformer: bool):
+def _ort(model, calibration: SampleSet, subset_size: int, transformer: bool, ignored: list[str]):
     import onnx
     from onnxruntime.quantization import CalibrationDataReader, quantize_static
 
@@ -229,7 +204,7 @@ def _ort(model, calibration: SampleSet, subset_size: int, transformer: bool):
         onnx.save(model, str(src))
         # ORT's calibrator writes augmented models next to the working directory unless told otherwise.
         quantize_static(str(src), str(dst), Reader(), calibration_providers=["CPUExecutionProvider"],
-                        **ort_options(model, transformer))
+                        **ort_options(transformer, ignored))
         quantized = onnx.load(str(dst))
     if transformer:
         float_side_paths(quantized)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from edgeopt.errors import BadInputError, first_line
-from edgeopt.model_type import TRANSFORMER, ModelType, detect_model_type
+from edgeopt.model_type import TRANSFORMER, ModelType, detect_model_type, ffn_down_projections
 from edgeopt.passes.base import PassContext, WorkingModel
 from edgeopt.passes.config import StepConfig, number
 from edgeopt.passes.onnx_int8 import quantize_onnx
@@ -28,7 +28,8 @@ class Int8Config(StepConfig):
     """``preset = "auto"``: NNCF's choice for the model type (MIXED, asymmetric activations, for transformers;
     PERFORMANCE otherwise). ``model_type = "auto"``: ``edgeopt.model_type`` recognises transformers.
     ``smooth_quant_alpha`` (transformers; -1 turns it off): by default chosen by measurement
-    (``edgeopt.passes.smooth_quant``)."""
+    (``edgeopt.passes.smooth_quant``). ``ffn_down_float`` (transformers): the FFN's second projection, whose
+    input carries outlier neurons, stays in float (``edgeopt.model_type.ffn_down_projections``)."""
 
     preset: Preset = "auto"
     subset_size: int = number(300, "[1, inf)")
@@ -36,6 +37,7 @@ class Int8Config(StepConfig):
     ignored_scope: list[str] | None = None
     model_type: Literal["auto", "transformer", "default"] = "auto"
     smooth_quant_alpha: float | None = None
+    ffn_down_float: bool = True
 
 
 @register("int8", Int8Config, stage=GRAPH, formats=("openvino", "onnx"), sets_precision=True,
@@ -47,13 +49,14 @@ def int8(model: WorkingModel, ctx: PassContext, config: Int8Config) -> None:
             else ModelType(config.model_type, "set by the recipe"))
     transformer = kind.name == TRANSFORMER
     smooth_quant_alpha = config.smooth_quant_alpha
+    ffn_down_float = transformer and config.ffn_down_float
+    ignored = list(config.ignored_scope or []) + (ffn_down_projections(ov_model=model.ov_model) if ffn_down_float else [])
     kwargs = dict(
         preset=nncf_preset(config.preset),
         subset_size=min(config.subset_size, len(ctx.calibration)),
         fast_bias_correction=config.fast_bias_correction,
         model_type=kind.nncf(),
-        ignored_scope=(nncf.IgnoredScope(names=list(config.ignored_scope), validate=False)
-                       if config.ignored_scope else None),
+        ignored_scope=nncf.IgnoredScope(names=ignored, validate=False) if ignored else None,
     )
     dataset = ctx.calibration.to_nncf()
     smooth_quant = ""
@@ -76,12 +79,15 @@ def int8(model: WorkingModel, ctx: PassContext, config: Int8Config) -> None:
     model.float_weights_fp16 = True
     chosen = config.preset if config.preset != "auto" else ("mixed" if transformer else "performance")
     smooth_quant = f", {smooth_quant}" if smooth_quant else ""
+    kept = len(ignored) - len(config.ignored_scope or [])
+    kept = f", {kept} FFN down-projection(s) kept in float" if ffn_down_float else ""
     model.notes.append(f"int8: preset={chosen}, subset={kwargs['subset_size']} samples, "
-                       f"model_type={kind.describe()}{smooth_quant}")
+                       f"model_type={kind.describe()}{smooth_quant}{kept}")
     if "onnx" in model.graphs:
-        onnx_options = {k: v for k, v in kwargs.items() if k != "subset_size"}
+        onnx_options = {k: v for k, v in kwargs.items() if k not in ("subset_size", "ignored_scope")}
         picked = quantize_onnx(model.graphs["onnx"], ctx.calibration, subset_size=kwargs["subset_size"],
-                               nncf_options=onnx_options, transformer=transformer)
+                               nncf_options=onnx_options, ignored=list(config.ignored_scope or []),
+                               transformer=transformer, ffn_down_float=ffn_down_float)
         model.graphs["onnx"] = picked.model
         model.decisions["onnx_int8"] = picked.describe()
         model.notes.append(f"onnx int8: {picked.backend} backend chosen by fusability, measured fidelity, size "
