@@ -72,7 +72,7 @@ def int8(model: WorkingModel, ctx: PassContext, config: Int8Config) -> None:
                 smooth_quant = f"SmoothQuant alpha {smooth_quant_alpha} (set by the recipe)"
             model.graphs["openvino"] = nncf.quantize(model.ov_model, dataset, **kwargs)
     except nncf.ValidationError as exc:
-        raise BadInputError(f"int8: {first_line(exc)}") from exc
+        raise BadInputError(f"int8: {first_line(exc)}{_branch_hint(model.ov_model, exc)}") from exc
     except Exception as exc:  # NNCF has no typed error for a graph it cannot handle: name what it said
         raise BadInputError(f"int8: NNCF cannot quantize this model ({unsupported_message(model.ov_model, exc)})") from exc
     model.precision = "int8"
@@ -102,13 +102,37 @@ def _summary(built) -> str:
 
 
 def unsupported_message(ov_model, exc: BaseException) -> str:
-    """NNCF's error in one line, naming the node and op type when the message names a node of the model."""
-    text = first_line(exc)
+    """NNCF's error in one line, naming the node and op type (and the ``If`` whose branch holds it) when the
+    message names a node of the model; the longest name found wins (``output`` is in many messages)."""
+    text, message = first_line(exc), str(exc)
+    found = [(name, op, where) for op, where in _ops_with_branches(ov_model)
+             for name in (op.get_friendly_name(),) if len(name) > 2 and name in message]
+    if not found:
+        return text
+    name, op, where = max(found, key=lambda f: len(f[0]))
+    return f"node '{name}' (op {op.get_type_name()}{where}): {text}"
+
+
+def _branch_hint(ov_model, exc: BaseException) -> str:
+    """Why NNCF found no calibration data in a model with ``If`` ops: it calibrates each branch on the samples
+    that take it, so a branch no calibration sample takes has none."""
+    branching = [op.get_friendly_name() for op, _ in _ops_with_branches(ov_model) if op.get_type_name() == "If"]
+    if not branching or "must not be empty" not in str(exc):
+        return ""
+    return (f" (NNCF calibrates each branch of If '{branching[0]}'"
+            f"{f' and {len(branching) - 1} more' if len(branching) > 1 else ''} on the samples that take it, and "
+            "no calibration sample takes one of them: give samples for every branch, e.g. a rank-0 input "
+            "stacked per sample)")
+
+
+def _ops_with_branches(ov_model, where: str = ""):
+    """Every op of ``ov_model`` and of the bodies of its ``If`` ops, with where it sits."""
     for op in ov_model.get_ops():
-        name = op.get_friendly_name()
-        if len(name) > 2 and name in str(exc):
-            return f"node '{name}' (op {op.get_type_name()}): {text}"
-    return text
+        yield op, where
+        if op.get_type_name() == "If":
+            for index, branch in enumerate(("then", "else")):
+                yield from _ops_with_branches(op.get_function(index),
+                                              f", in the {branch} branch of If '{op.get_friendly_name()}'")
 
 
 @dataclass(frozen=True)
