@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from edgeopt.errors import BadInputError, first_line
-from edgeopt.model_type import TRANSFORMER, ModelType, detect_model_type
+from edgeopt.model_type import TRANSFORMER, ModelType, detect_model_type, ffn_down_projections
 from edgeopt.passes.base import PassContext, WorkingModel
 from edgeopt.passes.config import StepConfig, number
 from edgeopt.passes.onnx_int8 import quantize_onnx
@@ -28,7 +28,8 @@ class Int8Config(StepConfig):
     """``preset = "auto"``: NNCF's choice for the model type (MIXED, asymmetric activations, for transformers;
     PERFORMANCE otherwise). ``model_type = "auto"``: ``edgeopt.model_type`` recognises transformers.
     ``smooth_quant_alpha`` (transformers; -1 turns it off): by default chosen by measurement
-    (``edgeopt.passes.smooth_quant``)."""
+    (``edgeopt.passes.smooth_quant``). ``ffn_down_float`` (transformers): the FFN's second projection, whose
+    input carries outlier neurons, stays in float (``edgeopt.model_type.ffn_down_projections``)."""
 
     preset: Preset = "auto"
     subset_size: int = number(300, "[1, inf)")
@@ -36,6 +37,7 @@ class Int8Config(StepConfig):
     ignored_scope: list[str] | None = None
     model_type: Literal["auto", "transformer", "default"] = "auto"
     smooth_quant_alpha: float | None = None
+    ffn_down_float: bool = True
 
 
 @register("int8", Int8Config, stage=GRAPH, formats=("openvino", "onnx"), sets_precision=True,
@@ -47,9 +49,10 @@ def int8(model: WorkingModel, ctx: PassContext, config: Int8Config) -> None:
     model.float_weights_fp16 = True
     model.notes.append(f"int8: {quantized.note}")
     if "onnx" in model.graphs:
-        onnx_options = {k: v for k, v in quantized.kwargs.items() if k != "subset_size"}
+        onnx_options = {k: v for k, v in quantized.kwargs.items() if k not in ("subset_size", "ignored_scope")}
         picked = quantize_onnx(model.graphs["onnx"], ctx.calibration, subset_size=quantized.kwargs["subset_size"],
-                               nncf_options=onnx_options)
+                               nncf_options=onnx_options, ignored=list(config.ignored_scope or []),
+                               transformer=quantized.transformer, ffn_down_float=quantized.ffn_down_float)
         model.graphs["onnx"] = picked.model
         model.decisions["onnx_int8"] = picked.describe()
         model.notes.append(f"onnx int8: {picked.backend} backend chosen by fusability, measured fidelity, size "
@@ -60,8 +63,9 @@ def int8(model: WorkingModel, ctx: PassContext, config: Int8Config) -> None:
 class Quantized:
     model: object  # the INT8 openvino.Model
     kwargs: dict  # what nncf.quantize was given (but the data set and advanced parameters)
-    note: str  # preset, subset, model type and SmoothQuant, in words
+    note: str  # preset, subset, model type, SmoothQuant and FFN down-projections kept in float, in words
     transformer: bool
+    ffn_down_float: bool  # the FFN down-projections were kept in float (``Int8Config.ffn_down_float``)
 
 
 def quantize_openvino(ov_model, source_model_type: str | None, calibration, config: Int8Config, *,
@@ -75,13 +79,14 @@ def quantize_openvino(ov_model, source_model_type: str | None, calibration, conf
             else ModelType(config.model_type, "set by the recipe"))
     transformer = kind.name == TRANSFORMER
     smooth_quant_alpha = config.smooth_quant_alpha
+    ffn_down_float = transformer and config.ffn_down_float
+    ignored = list(config.ignored_scope or []) + (ffn_down_projections(ov_model=ov_model) if ffn_down_float else [])
     kwargs = dict(
         preset=nncf_preset(config.preset),
         subset_size=min(config.subset_size, len(calibration)),
         fast_bias_correction=config.fast_bias_correction,
         model_type=kind.nncf(),
-        ignored_scope=(nncf.IgnoredScope(names=list(config.ignored_scope), validate=False)
-                       if config.ignored_scope else None),
+        ignored_scope=nncf.IgnoredScope(names=ignored, validate=False) if ignored else None,
     )
     dataset = calibration.to_nncf()
 
@@ -105,15 +110,18 @@ def quantize_openvino(ov_model, source_model_type: str | None, calibration, conf
             quantized = nncf.quantize(ov_model, dataset, **kwargs,
                                       advanced_parameters=advanced(smooth_quant_alpha if transformer else None))
     except nncf.ValidationError as exc:
-        raise BadInputError(f"int8: {first_line(exc)}") from exc
+        raise BadInputError(f"int8: {first_line(exc)}{_branch_hint(ov_model, exc)}") from exc
     except Exception as exc:  # NNCF has no typed error for a graph it cannot handle: name what it said
         raise BadInputError(f"int8: NNCF cannot quantize this model ({unsupported_message(ov_model, exc)})") from exc
     if transformer:
         kwargs["advanced_parameters"] = smooth_quant_parameters(smooth_quant_alpha)
     chosen = config.preset if config.preset != "auto" else ("mixed" if transformer else "performance")
     smooth_quant = f", {smooth_quant}" if smooth_quant else ""
-    note = f"preset={chosen}, subset={kwargs['subset_size']} samples, model_type={kind.describe()}{smooth_quant}"
-    return Quantized(quantized, kwargs, note, transformer)
+    kept = (f", {len(ignored) - len(config.ignored_scope or [])} FFN down-projection(s) kept in float"
+            if ffn_down_float else "")
+    note = (f"preset={chosen}, subset={kwargs['subset_size']} samples, model_type={kind.describe()}"
+            f"{smooth_quant}{kept}")
+    return Quantized(quantized, kwargs, note, transformer, ffn_down_float)
 
 
 def compress_quantized_weights(ov_model) -> None:
@@ -139,13 +147,37 @@ def _summary(built) -> str:
 
 
 def unsupported_message(ov_model, exc: BaseException) -> str:
-    """NNCF's error in one line, naming the node and op type when the message names a node of the model."""
-    text = first_line(exc)
+    """NNCF's error in one line, naming the node and op type (and the ``If`` whose branch holds it) when the
+    message names a node of the model; the longest name found wins (``output`` is in many messages)."""
+    text, message = first_line(exc), str(exc)
+    found = [(name, op, where) for op, where in _ops_with_branches(ov_model)
+             for name in (op.get_friendly_name(),) if len(name) > 2 and name in message]
+    if not found:
+        return text
+    name, op, where = max(found, key=lambda f: len(f[0]))
+    return f"node '{name}' (op {op.get_type_name()}{where}): {text}"
+
+
+def _branch_hint(ov_model, exc: BaseException) -> str:
+    """Why NNCF found no calibration data in a model with ``If`` ops: it calibrates each branch on the samples
+    that take it, so a branch no calibration sample takes has none."""
+    branching = [op.get_friendly_name() for op, _ in _ops_with_branches(ov_model) if op.get_type_name() == "If"]
+    if not branching or "must not be empty" not in str(exc):
+        return ""
+    return (f" (NNCF calibrates each branch of If '{branching[0]}'"
+            f"{f' and {len(branching) - 1} more' if len(branching) > 1 else ''} on the samples that take it, and "
+            "no calibration sample takes one of them: give samples for every branch, e.g. a rank-0 input "
+            "stacked per sample)")
+
+
+def _ops_with_branches(ov_model, where: str = ""):
+    """Every op of ``ov_model`` and of the bodies of its ``If`` ops, with where it sits."""
     for op in ov_model.get_ops():
-        name = op.get_friendly_name()
-        if len(name) > 2 and name in str(exc):
-            return f"node '{name}' (op {op.get_type_name()}): {text}"
-    return text
+        yield op, where
+        if op.get_type_name() == "If":
+            for index, branch in enumerate(("then", "else")):
+                yield from _ops_with_branches(op.get_function(index),
+                                              f", in the {branch} branch of If '{op.get_friendly_name()}'")
 
 
 @dataclass(frozen=True)

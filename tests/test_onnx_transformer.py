@@ -1,0 +1,156 @@
+"""The ONNX INT8 path on a transformer: ONNX Runtime's candidate gets the transformer recipe.
+
+A small BERT-like encoder (token embedding Gather, LayerNorm, attention with an additive padding mask built from
+``torch.finfo.min``, Softmax, GELU FFN whose intermediate units include outlier neurons, as trained BERTs have),
+exported by torch at opset 17 and calibrated with padded masks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import TensorProto, helper
+from torch import nn
+
+from edgeopt.data import SampleSet
+from edgeopt.onnx_prep import normalise
+from edgeopt.model_type import ffn_down_projections
+from edgeopt.passes.onnx_int8 import ort_options, quantize_onnx, unfused_share
+
+LENGTH, VOCAB = 16, 200
+
+
+class Layer(nn.Module):
+    def __init__(self, width: int = 64, heads: int = 4, inner: int = 256):
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v, self.o = (nn.Linear(width, width) for _ in range(4))
+        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.up, self.down = nn.Linear(width, inner), nn.Linear(inner, width)
+
+    def forward(self, x, mask_bias):
+        b, t, d = x.shape
+
+        def split(y):
+            return y.view(b, t, self.heads, d // self.heads).transpose(1, 2)
+
+        scores = split(self.q(x)) @ split(self.k(x)).transpose(-1, -2) / (d // self.heads) ** 0.5 + mask_bias
+        context = (scores.softmax(-1) @ split(self.v(x))).transpose(1, 2).reshape(b, t, d)
+        x = self.ln1(x + self.o(context))
+        return self.ln2(x + self.down(nn.functional.gelu(self.up(x))))
+
+
+class Encoder(nn.Module):
+    def __init__(self, width: int = 64, layers: int = 2):
+        super().__init__()
+        self.tokens, self.ln = nn.Embedding(VOCAB, width), nn.LayerNorm(width)
+        self.positions = nn.Parameter(torch.randn(1, LENGTH, width) * 0.1)
+        self.layers = nn.ModuleList(Layer(width) for _ in range(layers))
+
+    def forward(self, input_ids, attention_mask):
+        x = self.ln(self.tokens(input_ids) + self.positions)
+        mask_bias = (1.0 - attention_mask[:, None, None, :].float()) * torch.finfo(torch.float32).min
+        for layer in self.layers:
+            x = layer(x, mask_bias)
+        return x
+
+
+def _samples(count: int, rng) -> list[dict]:
+    samples = []
+    for _ in range(count):
+        mask = np.ones((1, LENGTH), np.int64)
+        mask[0, rng.integers(6, LENGTH):] = 0  # padded sentences
+        samples.append({"input_ids": rng.integers(0, VOCAB, (1, LENGTH)).astype(np.int64), "attention_mask": mask})
+    return samples
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory):
+    torch.manual_seed(0)
+    module = Encoder().eval()
+    with torch.no_grad():  # outlier neurons in the FFN's intermediate units
+        for layer in module.layers:
+            units = torch.tensor([3, 77])
+            layer.up.weight[units] *= 40
+            layer.up.bias[units] = 4.0
+            layer.down.weight[:, units] /= 40
+    path = tmp_path_factory.mktemp("encoder") / "encoder.onnx"
+    example = (torch.zeros(1, LENGTH, dtype=torch.int64), torch.ones(1, LENGTH, dtype=torch.int64))
+    with torch.no_grad():
+        torch.onnx.export(module, example, str(path), dynamo=False, opset_version=17,
+                          input_names=["input_ids", "attention_mask"], output_names=["hidden"])
+    rng = np.random.default_rng(0)
+    return onnx.load(str(path)), _samples(32, rng), _samples(16, rng)
+
+
+def _mean_cosine(model, reference, samples) -> float:
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = ort.InferenceSession(reference.SerializeToString(), providers=["CPUExecutionProvider"])
+    values = []
+    for feeds in samples:
+        a, b = got.run(None, feeds)[0].ravel(), want.run(None, feeds)[0].ravel()
+        values.append(float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)))
+    return float(np.mean(values))
+
+
+def test_ffn_down_projections_are_found(encoder):
+    prepared = normalise(encoder[0]).model
+    down = ffn_down_projections(onnx_model=prepared)
+    producer = {out: node for node in prepared.graph.node for out in node.output}
+    assert len(down) == 2  # one per layer: the projection fed by the GELU (spelled out with Erf at opset 17)
+    for node in (n for n in prepared.graph.node if n.name in down):
+        assert node.op_type in ("MatMul", "Gemm")
+        upstream, seen = [producer.get(node.input[0])], set()
+        while upstream and not seen & {"Erf", "Gelu"}:
+            current = upstream.pop()
+            if current is not None:
+                seen.add(current.op_type)
+                upstream += [producer.get(i) for i in current.input]
+        assert seen & {"Erf", "Gelu"}
+
+
+def test_transformer_onnx_int8_quantizes_matmuls_only_and_stays_faithful(encoder):
+    model, calib, held = encoder
+    result = quantize_onnx(model, SampleSet(calib, None, "test"), subset_size=32, nncf_options={}, transformer=True,
+                           ffn_down_float=True, backends=("ort",))
+    graph = result.model.graph
+    producer = {out: node for node in graph.node for out in node.output}
+    consumers = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    for q in (n for n in graph.node if n.op_type == "QuantizeLinear"):
+        source = getattr(producer.get(q.input[0]), "op_type", "input")
+        users = {c.op_type for dq in consumers[q.output[0]] for c in consumers.get(dq.output[0], [])}
+        # a MatMul's input or output: no QDQ of its own on Gather, LayerNorm, the mask Add or Softmax, and the
+        # residual Add reads the float LayerNorm output, not its quantized copy
+        assert source in ("MatMul", "Gemm") or users <= {"MatMul", "Gemm", "Gather"}, (source, users)
+    down = set(ffn_down_projections(onnx_model=normalise(model).model))
+    for node in (n for n in graph.node if n.name in down):  # float activations, int8 weights
+        assert getattr(producer.get(node.input[0]), "op_type", "") != "DequantizeLinear"
+        weight = producer[node.input[1]]
+        assert weight.op_type == "DequantizeLinear"
+        assert next(i for i in graph.initializer if i.name == weight.input[0]).data_type == TensorProto.INT8
+    assert len(down) == 2
+    assert unfused_share(result.model) == 0.0
+    assert _mean_cosine(result.model, model, held) >= 0.97
+
+
+def test_ort_options_differ_for_transformers():
+    plain, transformer = ort_options(False, []), ort_options(True, ["down"])
+    assert "op_types_to_quantize" not in plain and "nodes_to_exclude" not in plain
+    assert transformer["op_types_to_quantize"] == ["MatMul", "Gemm", "Gather"] and transformer["nodes_to_exclude"] == ["down"]
+    assert transformer["extra_options"]["OpTypesToExcludeOutputQuantization"] == ["Gemm"]
+
+
+def test_dequantized_gemm_without_quantize_after_counts_as_fused():
+    """ONNX Runtime fuses DQ→Gemm with dequantized inputs into QGemm with a float output; a MatMul needs a Q."""
+    nodes = [helper.make_node("DequantizeLinear", [f"{t}q", "s", "z"], [t]) for t in ("x", "w", "b")]
+    nodes += [helper.make_node("Gemm", ["x", "w", "b"], ["g"]), helper.make_node("Relu", ["g"], ["y"]),
+              helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Sigmoid", ["m"], ["y2"])]
+    graph = helper.make_graph(nodes, "g", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                                               helper.make_tensor_value_info("y2", TensorProto.FLOAT, None)])
+    assert unfused_share(helper.make_model(graph)) == 0.5
