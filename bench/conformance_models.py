@@ -72,6 +72,22 @@ def regnet():
     return _image(RegNetForImageClassification(RegNetConfig(num_labels=1000)))
 
 
+def resnet_mini():
+    """A small ResNet (one basic block per stage, 64x64 input): the CI-sized conv net of the fast subset."""
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    cfg = ResNetConfig(layer_type="basic", depths=[1, 1, 1, 1], hidden_sizes=[32, 64, 128, 256], num_labels=100)
+    return _image(ResNetForImageClassification(cfg), 64)
+
+
+def mobilenet_v2_mini():
+    """MobileNetV2 at width 0.35 on 96x96 (as mobile models ship for small inputs): the fast subset's."""
+    from transformers import MobileNetV2Config, MobileNetV2ForImageClassification
+
+    cfg = MobileNetV2Config(depth_multiplier=0.35, image_size=96, num_labels=100)
+    return _image(MobileNetV2ForImageClassification(cfg), 96)
+
+
 def convnext_tiny():
     from transformers import ConvNextConfig, ConvNextForImageClassification
 
@@ -116,6 +132,15 @@ def distilbert():
 
     cfg = DistilBertConfig(dim=384, n_layers=4, n_heads=6, hidden_dim=1536)
     return Tupled(DistilBertModel(cfg)), _tokens(cfg.vocab_size)
+
+
+def bert_mini():
+    """A 2-layer BERT with a 1000-token vocabulary: the fast subset's transformers encoder (two outputs)."""
+    from transformers import BertConfig, BertModel
+
+    cfg = BertConfig(vocab_size=1000, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=512)
+    return Tupled(BertModel(cfg)), _tokens(cfg.vocab_size, 32)
 
 
 def gpt2_small():

@@ -1,8 +1,9 @@
 """Accuracy-controlled INT8: ``nncf.quantize_with_accuracy_control`` on the OpenVINO model.
 
 NNCF quantizes, measures the metric on the evaluation set, and reverts the layers that cost the most back to
-float until the drop is within ``max_drop``. The metric is top-1 when the evaluation set has labels, otherwise
-the mean cosine similarity to the FP32 model's outputs (allowed drop ``1 - min_cosine``).
+float until the drop is within ``max_drop``. The metric follows the quality gate: top-1 on the labelled output
+when the evaluation set has labels, otherwise the worst, over the gated outputs (every output unless the gate
+names some), of the mean cosine similarity to the FP32 model's output (allowed drop ``1 - min_cosine``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgeopt.errors import BadInputError, first_line
-from edgeopt.evaluate import QualityGate, compare_outputs
+from edgeopt.evaluate import QualityGate, all_outputs, compare_outputs, labelled_output
 from edgeopt.passes.base import PassContext, WorkingModel
 from edgeopt.passes.config import StepConfig, number
 from edgeopt.passes.quantize import Preset, nncf_preset
@@ -42,22 +43,26 @@ def int8_ac(model: WorkingModel, ctx: PassContext, config: Int8AcConfig) -> None
     preset, subset_size, max_num_iterations = config.preset, config.subset_size, config.max_num_iterations
     evaluation = ctx.evaluation
     labels = evaluation.labels
-    if labels is not None:
-        metric, allowed = "top-1", max_drop
+    reference = all_outputs(_predictor(_compile_f32(model.ov_model)), evaluation, model.source.output_names)
+    labelled = labelled_output(reference, gate.outputs) if labels is not None else None
+    gated = [i for i, name in enumerate(reference.names) if not gate.outputs or name in gate.outputs]
+    if labelled is not None:
+        metric, allowed = f"top-1 on output '{labelled}'", max_drop
 
-        def score(outputs: np.ndarray, indices: list[int]) -> float:
-            return float(np.mean(outputs.argmax(axis=1) == labels[indices]))
+        def score(outputs: list[np.ndarray], indices: list[int]) -> float:
+            return float(np.mean(outputs[reference.index(labelled)].argmax(axis=1) == labels[indices]))
     else:
-        reference = _outputs(model.ov_model, evaluation.samples)
-        metric, allowed = "cosine to FP32", 1.0 - min_cosine
+        metric, allowed = f"worst cosine to FP32 of {len(gated or reference.names)} output(s)", 1.0 - min_cosine
 
-        def score(outputs: np.ndarray, indices: list[int]) -> float:
-            return compare_outputs(outputs, reference[indices]).cosine
+        def score(outputs: list[np.ndarray], indices: list[int]) -> float:
+            return min(compare_outputs(outputs[i], reference.values[i][indices]).cosine
+                       for i in gated or range(len(outputs)))
 
     def validate(compiled, items) -> float:
         items = list(items)
-        outputs = np.concatenate([np.asarray(compiled(feeds)[compiled.output(0)]).reshape(1, -1)
-                                  for feeds, _ in items])
+        predict = _predictor(compiled)
+        per_sample = [predict(feeds) for feeds, _ in items]
+        outputs = [np.concatenate([outs[i].reshape(1, -1) for outs in per_sample]) for i in range(len(per_sample[0]))]
         return score(outputs, [index for _, index in items])
 
     validation = nncf.Dataset([(feeds, i) for i, feeds in enumerate(evaluation.samples)], lambda item: item[0])
@@ -77,9 +82,12 @@ def int8_ac(model: WorkingModel, ctx: PassContext, config: Int8AcConfig) -> None
                        f"(absolute), preset={preset}, at most {max_num_iterations} layers reverted to float")
 
 
-def _outputs(ov_model, samples: list[dict]) -> np.ndarray:
-    """First output of the float model for every sample, computed in f32."""
+def _compile_f32(ov_model):
     import openvino as ov
 
-    compiled = ov.Core().compile_model(ov_model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
-    return np.concatenate([np.asarray(compiled(feeds)[compiled.output(0)]).reshape(1, -1) for feeds in samples])
+    return ov.Core().compile_model(ov_model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+
+
+def _predictor(compiled):
+    """``feeds -> [every output]`` of a compiled OpenVINO model, in the model's output order."""
+    return lambda feeds: [np.asarray(value) for value in compiled(feeds).values()]
