@@ -55,10 +55,33 @@ class SourceModel:
             model = (ov.Core().read_model(str(self.path)) if self.kind == "openvino"
                      else ov.convert_model(str(self.path), input=shapes))
         except Exception as exc:
-            reason = (describe_unsupported(self.path) if self.kind == "onnx" else None) or first_line(exc)
-            raise BadInputError(f"{self.path}: OpenVINO cannot read this model ({reason})") from exc
+            model = self._rewritten_for_openvino(shapes) if self.kind == "onnx" else None
+            if model is None:
+                reason = (describe_unsupported(self.path) if self.kind == "onnx" else None) or first_line(exc)
+                raise BadInputError(f"{self.path}: OpenVINO cannot read this model ({reason})") from exc
         model.reshape(shapes)
         return model
+
+    def _rewritten_for_openvino(self, shapes: dict[str, list[int]]):
+        """The ONNX model with the ops OpenVINO's frontend rejects rewritten into equivalents
+        (``onnx_prep.for_openvino``), converted; None when there was nothing to rewrite or it still fails."""
+        import tempfile
+
+        import onnx
+        import openvino as ov
+
+        from edgeopt.onnx_prep import for_openvino
+
+        rewritten = for_openvino(self.path, shapes)
+        if rewritten is None:
+            return None
+        with tempfile.TemporaryDirectory(prefix="edgeopt-ov-") as tmp:
+            path = Path(tmp) / "model.onnx"
+            onnx.save(rewritten, str(path))
+            try:
+                return ov.convert_model(str(path), input=shapes)
+            except Exception:
+                return None
 
     def onnx_model(self):
         """The FP32 model as an ``onnx.ModelProto`` with static input shapes."""

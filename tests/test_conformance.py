@@ -38,6 +38,32 @@ def test_fast_subset_covers_the_forms_users_hold_models_in():
     assert "gru-stateful-onnx13" in forms and "lstm-stateful" in forms and "bert-mini" in forms
 
 
+def test_average_pool_wider_than_its_input_reads_in_openvino(tmp_path):
+    """EfficientNet as ``transformers`` writes it pools with ``AvgPool2d(2560, ceil_mode=True)`` on 7x7: ONNX
+    Runtime clips the window, OpenVINO's ONNX frontend refuses it; edgeopt reads it as the global pool it is."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    import openvino as ov
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgeopt.source import load_model
+
+    weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node("AveragePool", ["c"], ["y"], kernel_shape=[64, 64], strides=[64, 64], ceil_mode=1)],
+        "pool", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 7, 7])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8, 1, 1])], [weight])
+    path = tmp_path / "pool.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    x = np.random.default_rng(1).standard_normal((1, 3, 7, 7)).astype(np.float32)
+    model = load_model(path, {"x": (1, 3, 7, 7)}).openvino_model()
+    got = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})(x)[0]
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert np.allclose(got, want, atol=1e-5) and np.abs(want).max() > 0.1
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("entry", FAST, ids=[entry.name for entry in FAST])
 def test_fast_entry(entry, tmp_path):
