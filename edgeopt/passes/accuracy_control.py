@@ -47,12 +47,15 @@ def int8_ac(model: WorkingModel, ctx: PassContext, config: Int8AcConfig) -> None
     labelled = labelled_output(reference, gate.outputs) if labels is not None else None
     gated = [i for i, name in enumerate(reference.names) if not gate.outputs or name in gate.outputs]
     if labelled is not None:
-        metric, allowed = f"top-1 on output '{labelled}'", max_drop
+        metric = "top-1" + (f" on output '{labelled}'" if len(reference.names) > 1 else "")
+        allowed = max_drop
 
         def score(outputs: list[np.ndarray], indices: list[int]) -> float:
             return float(np.mean(outputs[reference.index(labelled)].argmax(axis=1) == labels[indices]))
     else:
-        metric, allowed = f"worst cosine to FP32 of {len(gated or reference.names)} output(s)", 1.0 - min_cosine
+        scored = len(gated or reference.names)
+        metric = "cosine to FP32" + (f" (worst of {scored} outputs)" if scored > 1 else "")
+        allowed = 1.0 - min_cosine
 
         def score(outputs: list[np.ndarray], indices: list[int]) -> float:
             return min(compare_outputs(outputs[i], reference.values[i][indices]).cosine
