@@ -64,6 +64,26 @@ def test_average_pool_wider_than_its_input_reads_in_openvino(tmp_path):
     assert np.allclose(got, want, atol=1e-5) and np.abs(want).max() > 0.1
 
 
+def test_torch_average_pool_wider_than_its_input_converts():
+    """The same pooler as a PyTorch module: OpenVINO converts it with dynamic shapes, then refuses the static
+    ones; edgeopt converts the equivalent adaptive pool (in a copy: the user's module is left as it was)."""
+    import numpy as np
+    import openvino as ov
+    import torch
+    from torch import nn
+
+    from edgeopt.source import to_openvino
+
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.AvgPool2d(64, ceil_mode=True), nn.Flatten()).eval()
+    x = torch.randn(1, 3, 7, 7)
+    model = to_openvino(module, (x,), ["x"])
+    got = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})(x.numpy())[0]
+    with torch.no_grad():
+        want = module(x).numpy()
+    assert np.allclose(got, want, atol=1e-5) and isinstance(module[1], nn.AvgPool2d)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("entry", FAST, ids=[entry.name for entry in FAST])
 def test_fast_entry(entry, tmp_path):
