@@ -42,7 +42,7 @@ def _settled(model: nn.Module, size: int = 224) -> nn.Module:
     and fidelity measured on zeros measures nothing."""
     for module in model.modules():
         if isinstance(module, nn.modules.batchnorm._BatchNorm):
-            module.reset_running_stats()
+            module.reset_parameters()  # statistics, and scale 1 / shift 0 (EfficientNet's init draws scales ~0.02)
             module.momentum = None
     model.train()
     with torch.no_grad():
