@@ -1,7 +1,7 @@
 """Conformance corpus: real architectures in the forms users hold them, through `edgeopt compress`, side by side
 with ONNX Runtime's own `quantize_static` on the same files and data, in one run.
 
-    .venv/bin/python bench/conformance.py [--only NAME,...] [--list] [--json out.json]
+    .venv/bin/python bench/conformance.py [--only NAME,...] [--fast] [--list] [--json out.json] [--table a.json,...]
 
 Each entry is compressed with the default command (`edgeopt compress MODEL --calib --eval [--input-shape]`, as a
 subprocess: the exit code is the user's), then, on this host and in one process:
@@ -421,6 +421,15 @@ def cell(row: dict, key: str, fmt=lambda v: v):
     return "-" if value is None else fmt(value)
 
 
+def _interval(row: dict, fmt: str) -> str:
+    """edgeopt's own p50 ratio against FP32 and its interval, where the report has them."""
+    versus = (row.get("vs_fp32") or {}).get(fmt) or {}
+    if "p50_ratio_interval" not in versus:
+        return ""
+    low, high = versus["p50_ratio_interval"]
+    return f" (p50 {versus['p50_ratio']:.2f}x, {low:.2f}-{high:.2f}x)"
+
+
 def table(rows: list[dict]) -> str:
     head = ("| entry | form | opset | exit | recipe / ONNX backend | IR size | ONNX size | qs size | OV p50 "
             "INT8/FP32 | ORT p50 INT8/FP32 | qs p50/FP32 | cos ONNX (per output) | cos IR | cos qs | flagged |")
@@ -429,7 +438,7 @@ def table(rows: list[dict]) -> str:
         ort, ov = r.get("ort_p50_ms") or {}, r.get("ov_p50_ms") or {}
         ratio = lambda a, b: f"{a / b:.2f}x" if a and b else "-"  # noqa
         exit_cell = str(r["exit"]) + (f": {r['message'][:90]}" if r.get("message") else "")
-        flags = "; ".join(f"{k}: {', '.join(v)}" for k, v in (r.get("flagged") or {}).items()) or "-"
+        flags = "; ".join(f"{k}: {', '.join(v)}{_interval(r, k)}" for k, v in (r.get("flagged") or {}).items()) or "-"
         lines.append("| " + " | ".join([
             r["name"], r["form"], cell(r, "opset", str), exit_cell,
             f"{cell(r, 'recipe')} / {cell(r, 'onnx_backend')}",
@@ -452,7 +461,13 @@ def main() -> int:
     parser.add_argument("--fast", action="store_true", help="only the fast subset (what the tests run)")
     parser.add_argument("--json", default=None, help="write the rows as JSON here")
     parser.add_argument("--work", default=None, help="keep the per-entry files here (default: a temp dir)")
+    parser.add_argument("--table", default=None, help="print the table of saved --json runs (a.json,b.json: "
+                        "a later run's row of an entry replaces an earlier one) and exit")
     args = parser.parse_args()
+    if args.table:
+        saved = {r["name"]: r for path in args.table.split(",") for r in json.loads(Path(path).read_text())["rows"]}
+        print(table([saved[e.name] for e in CORPUS if e.name in saved]))
+        return 0
     by_name = {e.name: e for e in CORPUS}
     unknown = [n for n in args.only.split(",") if n and n not in by_name]
     if unknown:
