@@ -100,7 +100,7 @@ def mobilenet_v2_mini():
     """MobileNetV2 at width 0.35 on 96x96 (as mobile models ship for small inputs): the fast subset's."""
     from transformers import MobileNetV2Config, MobileNetV2ForImageClassification
 
-    cfg = MobileNetV2Config(depth_multiplier=0.35, image_size=96, num_labels=100)
+    cfg = MobileNetV2Config(depth_multiplier=0.35, image_size=96, num_labels=1000)
     return _image(_settled(MobileNetV2ForImageClassification(cfg), 96), 96)
 
 
