@@ -1,7 +1,7 @@
 """Conformance corpus: real architectures in the forms users hold them, through `edgeopt compress`, side by side
 with ONNX Runtime's own `quantize_static` on the same files and data, in one run.
 
-    .venv/bin/python bench/conformance.py [--only NAME,...] [--list] [--json out.json]
+    .venv/bin/python bench/conformance.py [--only NAME,...] [--fast] [--list] [--json out.json] [--table a.json,...]
 
 Each entry is compressed with the default command (`edgeopt compress MODEL --calib --eval [--input-shape]`, as a
 subprocess: the exit code is the user's), then, on this host and in one process:
@@ -56,6 +56,8 @@ class Entry:
     constants: bool = False  # the export keeps weights as Constant nodes
     trained: bool = False
     text: bool = False  # images carry printed text (OCR models): photos with text lines drawn on them
+    fast: bool = False  # in the fast subset tests/test_conformance.py runs in CI (no downloads, small)
+    conv: bool = False  # a conv net: its ONNX INT8 must be >= 3x smaller than FP32
 
 
 def factory(name: str) -> str:
@@ -71,15 +73,20 @@ CORPUS = [
     Entry("ppocr-cls", "small classifier CNN (trained)", "onnx file (Paddle2ONNX)",
           f"{OCR}/ch_ppocr_mobile_v2.0_cls_infer.onnx", {"x": (1, 3, 48, 192)}, trained=True, text=True),
     Entry("resnet18-onnx11-const", "classification CNN", "onnx export opset 11, Constant weights, dynamic batch",
-          "resnet18", {"input": (1, 3, 224, 224)}, export_opset=11, constants=True),
+          "resnet18", {"input": (1, 3, 224, 224)}, export_opset=11, constants=True, conv=True),
     Entry("mobilenet-v2-onnx13", "classification CNN", "onnx export opset 13, dynamic batch",
-          "mobilenet_v2", {"input": (1, 3, 224, 224)}, export_opset=13),
+          "mobilenet_v2", {"input": (1, 3, 224, 224)}, export_opset=13, conv=True),
     Entry("efficientnet-b0-onnx17", "classification CNN", "onnx export opset 17, dynamic batch",
-          "efficientnet_b0", {"input": (1, 3, 224, 224)}, export_opset=17),
+          "efficientnet_b0", {"input": (1, 3, 224, 224)}, export_opset=17, conv=True),
     Entry("regnet-onnx17", "classification CNN", "onnx export opset 17, dynamic batch",
-          "regnet", {"input": (1, 3, 224, 224)}, export_opset=17),
+          "regnet", {"input": (1, 3, 224, 224)}, export_opset=17, conv=True),
+    Entry("resnet-mini-onnx11-const", "classification CNN (small)",
+          "onnx export opset 11, Constant weights, dynamic batch", "resnet_mini", {"input": (1, 3, 64, 64)},
+          export_opset=11, constants=True, fast=True, conv=True),
+    Entry("mobilenet-v2-mini-onnx17", "classification CNN (small)", "onnx export opset 17, dynamic batch",
+          "mobilenet_v2_mini", {"input": (1, 3, 96, 96)}, export_opset=17, fast=True, conv=True),
     Entry("gru-stateful-onnx13", "GRU, state on axis 1, rank-0 int64", "onnx export opset 13, dynamic batch",
-          "stateful_gru", {"input0": (1, 512), "input1": (2, 1, 128)}, export_opset=13),
+          "stateful_gru", {"input0": (1, 512), "input1": (2, 1, 128)}, export_opset=13, fast=True),
     Entry("silero-vad", "stateful VAD, rank-0 int64 input (trained)", "onnx file",
           "wheels/silero_vad/data/silero_vad.onnx", {"input": (1, 512), "state": (2, 1, 128)}, trained=True),
     Entry("mtcnn-onet", "face landmarks CNN, 3 outputs (trained)", "pytorch factory",
@@ -97,11 +104,13 @@ CORPUS = [
     Entry("yolos-tiny", "detector, 2 outputs (ViT)", "pytorch factory", factory("yolos_tiny")),
     Entry("vit-small", "vision transformer", "pytorch factory", factory("vit_small")),
     Entry("bert-small", "BERT encoder", "pytorch factory", factory("bert_small")),
+    Entry("bert-mini", "BERT encoder (small), 2 outputs", "pytorch factory", factory("bert_mini"), fast=True),
     Entry("distilbert", "DistilBERT encoder", "pytorch factory", factory("distilbert")),
     Entry("gpt2-small", "GPT-2 decoder", "pytorch factory", factory("gpt2_small")),
     Entry("wav2vec2-small", "audio encoder", "pytorch factory", factory("wav2vec2_small")),
     Entry("gru-stateful", "GRU, state on axis 1, rank-0 int64", "pytorch factory", factory("stateful_gru")),
-    Entry("lstm-stateful", "LSTM (h, c) in/out, int64 ids", "pytorch factory", factory("stateful_lstm")),
+    Entry("lstm-stateful", "LSTM (h, c) in/out, int64 ids, 3 outputs", "pytorch factory", factory("stateful_lstm"),
+          fast=True),
 ]
 
 
@@ -265,6 +274,7 @@ def anchor(fp32_onnx: Path, samples: list[dict], out: Path) -> tuple[Path | None
         upgraded = out.with_name("anchor_in.onnx")
         onnx.save(model, str(upgraded))
         pre = out.with_name("anchor_pre.onnx")
+        here = os.getcwd()
         os.chdir(out.parent)  # quant_pre_process leaves sym_shape_infer_temp.onnx in the working directory
         try:
             quant_pre_process(str(upgraded), str(pre))
@@ -273,6 +283,8 @@ def anchor(fp32_onnx: Path, samples: list[dict], out: Path) -> tuple[Path | None
                 quant_pre_process(str(upgraded), str(pre), skip_symbolic_shape=True)
             except Exception:
                 pre = upgraded
+        finally:
+            os.chdir(here)
         feeds = iter(samples)
 
         class Reader(CalibrationDataReader):
@@ -341,7 +353,9 @@ def save_fp32(source, folder: Path) -> tuple[Path, Path]:
     return xml, path
 
 
-def run_entry(entry: Entry, work: Path) -> dict:
+def run_entry(entry: Entry, work: Path, timing: bool = True) -> dict:
+    """One row: edgeopt's exit code and report, sizes and fidelity side by side with quantize_static, and (with
+    ``timing``) the p50 ratios."""
     from edgeopt.onnx_prep import default_opset
     from edgeopt.source import load_model
 
@@ -369,6 +383,10 @@ def run_entry(entry: Entry, work: Path) -> dict:
     row["recipe"] = report["recipe"]
     row["onnx_backend"] = (report.get("decisions") or {}).get("onnx_int8", {}).get("backend")
     row["flagged"] = report.get("flagged", {})
+    row["vs_fp32"] = {fmt: {k: v[k] for k in ("size_ratio", "p50_ratio", "p50_ratio_interval", "rounds") if k in v}
+                      for fmt, v in (report.get("vs_fp32") or {}).items()}
+    row["report_outputs"] = {fmt: sorted(q.get("outputs") or {}) for fmt, q in
+                             (report.get("quality") or {}).get("artifacts", {}).items()}
     source_onnx = Path(spec) if spec.endswith(".onnx") else fp32_onnx
     import onnx
 
@@ -388,6 +406,9 @@ def run_entry(entry: Entry, work: Path) -> dict:
     if anchor_path:
         row["anchor_size_ratio"] = round(size(anchor_path) / size(source_onnx), 3)
         row["fidelity_anchor"] = per_output_cosine(outputs_of(anchor_path, "onnxruntime", samples), reference)
+    row["outputs"] = len(reference[0])
+    if not timing:
+        return row
     ort = timed(ort_models, "onnxruntime", samples[0])
     ov = timed([fp32_ir, int8_ir], "openvino", samples[0])
     row["ort_p50_ms"] = {"fp32": ort[0], "int8": ort[1], **({"anchor": ort[2]} if anchor_path else {})}
@@ -400,6 +421,15 @@ def cell(row: dict, key: str, fmt=lambda v: v):
     return "-" if value is None else fmt(value)
 
 
+def _interval(row: dict, fmt: str) -> str:
+    """edgeopt's own p50 ratio against FP32 and its interval, where the report has them."""
+    versus = (row.get("vs_fp32") or {}).get(fmt) or {}
+    if "p50_ratio_interval" not in versus:
+        return ""
+    low, high = versus["p50_ratio_interval"]
+    return f" (p50 {versus['p50_ratio']:.2f}x, {low:.2f}-{high:.2f}x)"
+
+
 def table(rows: list[dict]) -> str:
     head = ("| entry | form | opset | exit | recipe / ONNX backend | IR size | ONNX size | qs size | OV p50 "
             "INT8/FP32 | ORT p50 INT8/FP32 | qs p50/FP32 | cos ONNX (per output) | cos IR | cos qs | flagged |")
@@ -408,7 +438,7 @@ def table(rows: list[dict]) -> str:
         ort, ov = r.get("ort_p50_ms") or {}, r.get("ov_p50_ms") or {}
         ratio = lambda a, b: f"{a / b:.2f}x" if a and b else "-"  # noqa
         exit_cell = str(r["exit"]) + (f": {r['message'][:90]}" if r.get("message") else "")
-        flags = "; ".join(f"{k}: {', '.join(v)}" for k, v in (r.get("flagged") or {}).items()) or "-"
+        flags = "; ".join(f"{k}: {', '.join(v)}{_interval(r, k)}" for k, v in (r.get("flagged") or {}).items()) or "-"
         lines.append("| " + " | ".join([
             r["name"], r["form"], cell(r, "opset", str), exit_cell,
             f"{cell(r, 'recipe')} / {cell(r, 'onnx_backend')}",
@@ -428,14 +458,22 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="comma-separated entry names")
     parser.add_argument("--list", action="store_true")
+    parser.add_argument("--fast", action="store_true", help="only the fast subset (what the tests run)")
     parser.add_argument("--json", default=None, help="write the rows as JSON here")
     parser.add_argument("--work", default=None, help="keep the per-entry files here (default: a temp dir)")
+    parser.add_argument("--table", default=None, help="print the table of saved --json runs (a.json,b.json: "
+                        "a later run's row of an entry replaces an earlier one) and exit")
     args = parser.parse_args()
+    if args.table:
+        saved = {r["name"]: r for path in args.table.split(",") for r in json.loads(Path(path).read_text())["rows"]}
+        print(table([saved[e.name] for e in CORPUS if e.name in saved]))
+        return 0
     by_name = {e.name: e for e in CORPUS}
     unknown = [n for n in args.only.split(",") if n and n not in by_name]
     if unknown:
         parser.error(f"unknown entries: {', '.join(unknown)}")
     entries = [by_name[n] for n in args.only.split(",") if n] if args.only else CORPUS  # in the order given
+    entries = [e for e in entries if e.fast] if args.fast else entries
     if args.list:
         for e in CORPUS:
             print(f"{e.name:26} {e.form:55} {e.kind}")

@@ -35,6 +35,22 @@ def _image(model, size: int = 224):
     return Tupled(model), (torch.rand(1, 3, size, size) * 2 - 1,)
 
 
+def _settled(model: nn.Module, size: int = 224) -> nn.Module:
+    """BatchNorm statistics set from a few random batches (cumulative average), as a trained network's follow its
+    activations: with ``transformers``' default init (normal, std 0.02) and BatchNorm at mean 0 / variance 1, a
+    random MobileNet/EfficientNet's activations vanish layer by layer (logits ~1e-22 measured for MobileNetV2),
+    and fidelity measured on zeros measures nothing."""
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            module.reset_parameters()  # statistics, and scale 1 / shift 0 (EfficientNet's init draws scales ~0.02)
+            module.momentum = None
+    model.train()
+    with torch.no_grad():
+        for _ in range(4):
+            model(torch.rand(8, 3, size, size) * 2 - 1)
+    return model.eval()
+
+
 def resnet18():
     from transformers import ResNetConfig, ResNetForImageClassification
 
@@ -51,25 +67,41 @@ def resnet50():
 def mobilenet_v2():
     from transformers import MobileNetV2Config, MobileNetV2ForImageClassification
 
-    return _image(MobileNetV2ForImageClassification(MobileNetV2Config(num_labels=1000)))
+    return _image(_settled(MobileNetV2ForImageClassification(MobileNetV2Config(num_labels=1000))))
 
 
 def mobilenet_v1():
     from transformers import MobileNetV1Config, MobileNetV1ForImageClassification
 
-    return _image(MobileNetV1ForImageClassification(MobileNetV1Config(num_labels=1000)))
+    return _image(_settled(MobileNetV1ForImageClassification(MobileNetV1Config(num_labels=1000))))
 
 
 def efficientnet_b0():
     from transformers import EfficientNetConfig, EfficientNetForImageClassification
 
-    return _image(EfficientNetForImageClassification(EfficientNetConfig(num_labels=1000)))
+    return _image(_settled(EfficientNetForImageClassification(EfficientNetConfig(num_labels=1000))))
 
 
 def regnet():
     from transformers import RegNetConfig, RegNetForImageClassification
 
     return _image(RegNetForImageClassification(RegNetConfig(num_labels=1000)))
+
+
+def resnet_mini():
+    """A small ResNet (one basic block per stage, 64x64 input): the CI-sized conv net of the fast subset."""
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    cfg = ResNetConfig(layer_type="basic", depths=[1, 1, 1, 1], hidden_sizes=[32, 64, 128, 256], num_labels=100)
+    return _image(ResNetForImageClassification(cfg), 64)
+
+
+def mobilenet_v2_mini():
+    """MobileNetV2 at width 0.35 on 96x96 (as mobile models ship for small inputs): the fast subset's."""
+    from transformers import MobileNetV2Config, MobileNetV2ForImageClassification
+
+    cfg = MobileNetV2Config(depth_multiplier=0.35, image_size=96, num_labels=1000)
+    return _image(_settled(MobileNetV2ForImageClassification(cfg), 96), 96)
 
 
 def convnext_tiny():
@@ -116,6 +148,15 @@ def distilbert():
 
     cfg = DistilBertConfig(dim=384, n_layers=4, n_heads=6, hidden_dim=1536)
     return Tupled(DistilBertModel(cfg)), _tokens(cfg.vocab_size)
+
+
+def bert_mini():
+    """A 2-layer BERT with a 1000-token vocabulary: the fast subset's transformers encoder (two outputs)."""
+    from transformers import BertConfig, BertModel
+
+    cfg = BertConfig(vocab_size=1000, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=512)
+    return Tupled(BertModel(cfg)), _tokens(cfg.vocab_size, 32)
 
 
 def gpt2_small():

@@ -1,7 +1,8 @@
 """Knowledge-distillation fine-tuning of a PyTorch student against a frozen teacher.
 
-Loss: ``alpha * T² * KL(softmax(teacher/T) ‖ softmax(student/T)) + (1 - alpha) * cross-entropy`` when the data
-has labels and the output is a classifier's; ``MSE(student, teacher)`` on the raw outputs otherwise.
+Every output counts (those the quality gate looks at, all by default), summed: the labelled output (with labelled
+data, the first classifier-shaped one, as the gate scores top-1) gets ``alpha * T² * KL(softmax(teacher/T) ‖
+softmax(student/T)) + (1 - alpha) * cross-entropy``; every other floating-point output ``MSE(student, teacher)``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class DistillConfig:
     alpha: float = 0.7  # weight of the soft (teacher) loss; 1 - alpha weighs the task loss
     batch_size: int = 64
     seed: int = 0
+    outputs: tuple[int, ...] = ()  # indices of the outputs distilled (the gated ones); empty: every output
 
     def __post_init__(self) -> None:
         if self.epochs < 0 or self.lr <= 0 or self.temperature <= 0 or self.batch_size < 1:
@@ -52,20 +54,32 @@ class TrainingSet:
         return len(self.inputs[0])
 
 
-def first_output(out):
-    return out[0] if isinstance(out, (tuple, list)) else out
+def selected_outputs(out, indices: tuple[int, ...] = ()) -> tuple:
+    """The model's outputs (a tensor, or a tuple/list of them) at ``indices`` (every output when empty)."""
+    outputs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    return tuple(outputs[i] for i in indices) if indices else outputs
 
 
 def distill_loss(student_out, teacher_out, labels, temperature: float, alpha: float):
-    """KL on temperature-softened logits plus task loss with labels; MSE on outputs without."""
+    """Summed over the floating-point outputs (a tensor, or a tuple of them): KL on temperature-softened logits
+    plus task loss for the labelled output (the first classifier-shaped one) when there are labels; MSE for every
+    other output."""
     import torch.nn.functional as F
 
-    classifier = student_out.ndim == 2 and student_out.shape[1] > 1
-    if labels is None or not classifier:
-        return F.mse_loss(student_out, teacher_out)
-    soft = F.kl_div(F.log_softmax(student_out / temperature, dim=1), F.log_softmax(teacher_out / temperature, dim=1),
-                    reduction="batchmean", log_target=True) * temperature ** 2
-    return alpha * soft + (1.0 - alpha) * F.cross_entropy(student_out, labels)
+    floats = [(s, t) for s, t in zip(selected_outputs(student_out), selected_outputs(teacher_out))
+              if s.is_floating_point()]
+    labelled = None if labels is None else next((i for i, (s, _) in enumerate(floats)
+                                                 if s.ndim == 2 and s.shape[1] > 1), None)
+    total = 0.0
+    for index, (student_out, teacher_out) in enumerate(floats):
+        if index != labelled:
+            total = total + F.mse_loss(student_out, teacher_out)
+            continue
+        soft = F.kl_div(F.log_softmax(student_out / temperature, dim=1),
+                        F.log_softmax(teacher_out / temperature, dim=1),
+                        reduction="batchmean", log_target=True) * temperature ** 2
+        total = total + alpha * soft + (1.0 - alpha) * F.cross_entropy(student_out, labels)
+    return total
 
 
 def evaluate_loss(student, teacher, data: TrainingSet, config: DistillConfig) -> float:
@@ -78,8 +92,9 @@ def evaluate_loss(student, teacher, data: TrainingSet, config: DistillConfig) ->
         for batch in torch.arange(len(data)).split(256):
             feeds = tuple(t[batch] for t in data.inputs)
             labels = None if data.labels is None else data.labels[batch]
-            loss = distill_loss(first_output(student(*feeds)), first_output(teacher(*feeds)), labels,
-                                config.temperature, config.alpha)
+            loss = distill_loss(selected_outputs(student(*feeds), config.outputs),
+                                selected_outputs(teacher(*feeds), config.outputs), labels, config.temperature,
+                                config.alpha)
             total += float(loss) * len(batch)
     return total / len(data)
 
@@ -116,9 +131,9 @@ def fine_tune(student, teacher, data: TrainingSet, config: DistillConfig, *, lab
                 feeds = tuple(t[batch] for t in data.inputs)
                 labels = None if data.labels is None else data.labels[batch]
                 with torch.no_grad():
-                    teacher_out = first_output(teacher(*feeds))
-                loss = distill_loss(first_output(student(*feeds)), teacher_out, labels, config.temperature,
-                                    config.alpha)
+                    teacher_outs = selected_outputs(teacher(*feeds), config.outputs)
+                loss = distill_loss(selected_outputs(student(*feeds), config.outputs), teacher_outs, labels,
+                                    config.temperature, config.alpha)
                 if extra_loss is not None:
                     loss = loss + extra_loss()
                 optimizer.zero_grad()

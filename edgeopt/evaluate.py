@@ -117,11 +117,6 @@ class QualityGate:
         return verdict[0] and ok, f"{verdict[1]}; {message}"
 
 
-def first_outputs(predict, samples: SampleSet) -> np.ndarray:
-    """Run ``predict(feeds) -> list[array]`` on every sample; stack the first output."""
-    return np.concatenate([np.asarray(predict(sample)[0]).reshape(1, -1) for sample in samples.samples])
-
-
 @dataclass
 class Outputs:
     """Every output of a model over a sample set: per output, a samples x values array, its name and the shape

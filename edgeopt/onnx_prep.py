@@ -169,3 +169,70 @@ def describe_unsupported(path) -> str | None:
     name, op = nodes[0]
     more = f" (and {len(nodes) - 1} more node(s))" if len(nodes) > 1 else ""
     return f"node '{name}' uses op {op}, which is not a standard ONNX op{more}"
+
+
+def global_pools(model, dims: dict[str, list[int]]) -> int:
+    """Rewrite, in place, every ``AveragePool`` whose window covers its whole spatial input (``dims``: each
+    tensor's shape) without padding or dilation into ``GlobalAveragePool``: the same result (ONNX Runtime and
+    PyTorch clip such a window to the input, e.g. ``nn.AvgPool2d(2560, ceil_mode=True)`` on 7x7 in
+    ``transformers``' EfficientNet), but OpenVINO's ONNX frontend rejects a kernel larger than the input.
+    Returns how many nodes were rewritten."""
+    rewritten = 0
+    for node in _plain_average_pools(model):
+        attrs = _attributes(node)
+        spatial = list(dims.get(node.input[0]) or [])[2:]
+        kernel = list(attrs["kernel_shape"])
+        if len(kernel) != len(spatial) or any(k < s or (k > s and not attrs.get("ceil_mode", 0))
+                                               for k, s in zip(kernel, spatial)):
+            continue
+        node.op_type = "GlobalAveragePool"
+        del node.attribute[:]
+        rewritten += 1
+    return rewritten
+
+
+def _attributes(node) -> dict:
+    import onnx
+
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _plain_average_pools(model) -> list:
+    """AveragePool nodes without padding or dilation."""
+    found = []
+    for node in model.graph.node:
+        if node.op_type != "AveragePool" or node.domain not in ("", "ai.onnx"):
+            continue
+        attrs = _attributes(node)
+        if ("kernel_shape" in attrs and not any(attrs.get("pads", [0]))
+                and all(d == 1 for d in attrs.get("dilations", [1])) and attrs.get("auto_pad", b"NOTSET") == b"NOTSET"):
+            found.append(node)
+    return found
+
+
+def for_openvino(path, shapes: dict[str, list[int]]):
+    """The ONNX file at ``path`` with the ops OpenVINO's ONNX frontend cannot read rewritten into equivalents
+    (:func:`global_pools`, the pools' input shapes measured by one ONNX Runtime run on zeros of ``shapes``), or
+    None when there is nothing to rewrite."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    model = onnx.load(str(path))
+    pools = _plain_average_pools(model)
+    if not pools:
+        return None
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    wanted = list(dict.fromkeys(node.input[0] for node in pools))
+    probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(name) for name in wanted)
+    types = {v.name: v.type.tensor_type.elem_type for v in model.graph.input}
+    feeds = {name: np.zeros(shape, onnx.helper.tensor_dtype_to_np_dtype(types[name]))
+             for name, shape in shapes.items() if name in types}
+    try:
+        session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+        values = session.run(wanted, feeds)
+    except Exception:
+        return None
+    dims = {name: list(value.shape) for name, value in zip(wanted, values)}
+    return model if global_pools(model, dims) else None

@@ -55,10 +55,33 @@ class SourceModel:
             model = (ov.Core().read_model(str(self.path)) if self.kind == "openvino"
                      else ov.convert_model(str(self.path), input=shapes))
         except Exception as exc:
-            reason = (describe_unsupported(self.path) if self.kind == "onnx" else None) or first_line(exc)
-            raise BadInputError(f"{self.path}: OpenVINO cannot read this model ({reason})") from exc
+            model = self._rewritten_for_openvino(shapes) if self.kind == "onnx" else None
+            if model is None:
+                reason = (describe_unsupported(self.path) if self.kind == "onnx" else None) or first_line(exc)
+                raise BadInputError(f"{self.path}: OpenVINO cannot read this model ({reason})") from exc
         model.reshape(shapes)
         return model
+
+    def _rewritten_for_openvino(self, shapes: dict[str, list[int]]):
+        """The ONNX model with the ops OpenVINO's frontend rejects rewritten into equivalents
+        (``onnx_prep.for_openvino``), converted; None when there was nothing to rewrite or it still fails."""
+        import tempfile
+
+        import onnx
+        import openvino as ov
+
+        from edgeopt.onnx_prep import for_openvino
+
+        rewritten = for_openvino(self.path, shapes)
+        if rewritten is None:
+            return None
+        with tempfile.TemporaryDirectory(prefix="edgeopt-ov-") as tmp:
+            path = Path(tmp) / "model.onnx"
+            onnx.save(rewritten, str(path))
+            try:
+                return ov.convert_model(str(path), input=shapes)
+            except Exception:
+                return None
 
     def onnx_model(self):
         """The FP32 model as an ``onnx.ModelProto`` with static input shapes."""
@@ -129,6 +152,16 @@ def parse_input_shapes(values: tuple[str, ...] | list[str]) -> dict[str, tuple[i
 
 def to_openvino(module, example_input: tuple, input_names: list[str], output_names: list[str] | None = None):
     """Convert a torch module (or ExportedProgram) to ``openvino.Model`` with the given input and output names."""
+    try:
+        return _to_openvino(module, example_input, input_names, output_names)
+    except BadInputError:
+        rewritten = _global_pools(module, example_input)
+        if rewritten is None:
+            raise
+        return _to_openvino(rewritten, example_input, input_names, output_names)
+
+
+def _to_openvino(module, example_input: tuple, input_names: list[str], output_names: list[str] | None):
     import openvino as ov
     import torch
 
@@ -145,7 +178,11 @@ def to_openvino(module, example_input: tuple, input_names: list[str], output_nam
             raise BadInputError(f"OpenVINO cannot convert the PyTorch model ({first_line(exc)})") from exc
     for port, name in zip(model.inputs, input_names):
         port.get_tensor().set_names({name})
-    model.reshape({port: list(tensor.shape) for port, tensor in zip(model.inputs, example_input)})
+    try:
+        model.reshape({port: list(tensor.shape) for port, tensor in zip(model.inputs, example_input)})
+    except Exception as exc:
+        raise BadInputError(f"OpenVINO cannot give the converted model static input shapes ({first_line(exc)})") \
+            from exc
     given = output_names is not None and len(output_names) == len(model.outputs)
     if not given:
         output_names = ["output"] if len(model.outputs) == 1 else [f"output{i}" for i in range(len(model.outputs))]
@@ -153,6 +190,56 @@ def to_openvino(module, example_input: tuple, input_names: list[str], output_nam
         if given or not port.get_names():
             port.get_tensor().set_names({name})
     return model
+
+
+def _global_pools(module, example_input: tuple):
+    """A copy of ``module`` whose ``nn.AvgPool1d/2d/3d`` layers that cover their whole input without padding
+    (``transformers``' EfficientNet pools 7x7 with ``AvgPool2d(2560, ceil_mode=True)``) are the equivalent
+    ``nn.AdaptiveAvgPool*d(1)``: OpenVINO refuses a pooling kernel larger than its input. None when there is
+    no such layer (found by running ``example_input`` once)."""
+    import copy
+
+    import torch
+    from torch import nn
+
+    pools = (nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d)
+    if not isinstance(module, nn.Module):
+        return None
+    covering: list[str] = []
+
+    def watch(name: str):
+        def hook(layer, args, _output) -> None:
+            spatial = tuple(args[0].shape[2:])
+            def per_axis(value):
+                return tuple(value) if isinstance(value, (tuple, list)) else (value,) * len(spatial)
+            kernel, padding = per_axis(layer.kernel_size), per_axis(layer.padding)
+            if (not any(padding) and getattr(layer, "divisor_override", None) is None
+                    and all(k >= s and (k == s or layer.ceil_mode) for k, s in zip(kernel, spatial))):
+                covering.append(name)
+        return hook
+
+    handles = [layer.register_forward_hook(watch(name)) for name, layer in module.named_modules()
+               if isinstance(layer, pools)]
+    if not handles:
+        return None
+    try:
+        with torch.no_grad():
+            module(*example_input)
+    except Exception:
+        return None
+    finally:
+        for handle in handles:
+            handle.remove()
+    if not covering:
+        return None
+    rewritten = copy.deepcopy(module)
+    for name in dict.fromkeys(covering):
+        parent_name, _, child = name.rpartition(".")
+        parent = rewritten.get_submodule(parent_name)
+        adaptive = {nn.AvgPool1d: nn.AdaptiveAvgPool1d, nn.AvgPool2d: nn.AdaptiveAvgPool2d,
+                    nn.AvgPool3d: nn.AdaptiveAvgPool3d}[type(getattr(parent, child))]
+        setattr(parent, child, adaptive(1))
+    return rewritten
 
 
 def to_onnx(module, example_input: tuple, input_names: list[str], output_names: list[str] | None = None):

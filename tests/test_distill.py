@@ -66,6 +66,24 @@ def test_loss_is_kl_on_softened_logits_plus_task_loss():
     assert torch.allclose(distill_loss(student, teacher, labels, 2.0, 0.25), mixed, atol=1e-6)
 
 
+def test_every_output_counts_and_the_gated_ones_choose():
+    """Several outputs: the labelled one (first classifier-shaped) gets KL + task loss, every other MSE, summed;
+    the distilled outputs are the gated ones (by index); integer outputs carry no loss."""
+    from edgeopt.distillation import selected_outputs
+
+    torch.manual_seed(0)
+    logits, teacher_logits, labels = torch.randn(16, 10), torch.randn(16, 10), torch.randint(0, 10, (16,))
+    marks, teacher_marks = torch.randn(16, 5, 2), torch.randn(16, 5, 2)
+    ids = torch.zeros(16, dtype=torch.int64)
+    both = distill_loss((logits, marks, ids), (teacher_logits, teacher_marks, ids), labels, 2.0, 0.25)
+    expected = distill_loss(logits, teacher_logits, labels, 2.0, 0.25) + F.mse_loss(marks, teacher_marks)
+    assert torch.allclose(both, expected, atol=1e-6)
+    assert torch.allclose(distill_loss((logits, marks), (teacher_logits, teacher_marks), None, 2.0, 0.25),
+                          F.mse_loss(logits, teacher_logits) + F.mse_loss(marks, teacher_marks))
+    only_marks = selected_outputs((logits, marks, ids), (1,))
+    assert len(only_marks) == 1 and only_marks[0] is marks
+
+
 def test_deterministic_with_a_seed(digits):
     teacher, data = digits
     small = TrainingSet(tuple(t[:96] for t in data.inputs), data.labels[:96])

@@ -2,7 +2,7 @@
 
 Fast subset of bench/conformance.py: a conv net exported at opset 11 with its weights as Constant nodes (as
 Paddle2ONNX and old exporters write them), side by side with ONNX Runtime's quantize_static on the same file
-and data; a model where INT8 loses to FP32 (flagged); a custom op (exit 2, node and op named).
+and data; a model where INT8 loses to FP32 (flagged larger and slower); a custom op (exit 2, node and op named).
 """
 
 from __future__ import annotations
@@ -169,20 +169,21 @@ def test_opset11_constant_weights_int8_onnx_shrinks_per_channel(opset11_const, t
 
 @pytest.fixture(scope="module")
 def int8_loses(tmp_path_factory):
-    """A 1x1 conv with 2 channels: its weights (16 bytes) cost less than INT8's scales and zero points."""
+    """A 1x1 conv with 2 channels on 2x64x64: its weights (16 bytes) cost less than INT8's scales and zero
+    points, and quantizing and dequantizing 8192 activations costs far more than the float conv itself."""
     folder = tmp_path_factory.mktemp("loses")
     weight = numpy_helper.from_array(np.array([[[[0.5]], [[-0.25]]], [[[0.75]], [[1.0]]]], np.float32), "w")
     graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], name="conv")], "tiny",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4, 4])], [weight])
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 64, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 64, 64])], [weight])
     path = folder / "tiny.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
     calib = folder / "calib.npz"
-    np.savez(calib, x=np.random.default_rng(0).standard_normal((16, 2, 4, 4)).astype(np.float32))
+    np.savez(calib, x=np.random.default_rng(0).standard_normal((16, 2, 64, 64)).astype(np.float32))
     return path, calib
 
 
-def test_int8_larger_than_fp32_is_flagged(cli, int8_loses, tmp_path):
+def test_int8_larger_and_slower_than_fp32_is_flagged(cli, int8_loses, tmp_path):
     path, calib = int8_loses
     out = tmp_path / "out"
     result = cli("compress", path, "--calib", calib, "--out", out, "--format", "onnx")
@@ -190,9 +191,30 @@ def test_int8_larger_than_fp32_is_flagged(cli, int8_loses, tmp_path):
     report = json.loads((out / "report.json").read_text())
     versus = report["vs_fp32"]["onnx"]
     assert versus["bytes"] > versus["fp32_bytes"] and versus["larger"]
-    assert "larger than FP32" in report["flagged"]["onnx"]
-    assert "the onnx artifact is larger than FP32" in result.stderr  # the exit summary says so
-    assert "FLAGGED: larger than FP32" in result.stdout  # and the table
+    # Several times slower in ONNX Runtime (Q/DQ of every activation around a trivial conv): measured in paired
+    # rounds, the whole interval on the p50 ratio lies above the threshold, whatever the host's load.
+    low, high = versus["p50_ratio_interval"]
+    assert versus["slower"] and 1.05 < low <= versus["p50_ratio"] <= high, versus
+    assert report["flagged"]["onnx"] == ["larger than FP32", "slower than FP32"]
+    assert "the onnx artifact is larger than FP32 and slower than FP32" in result.stderr  # the exit summary
+    assert "FLAGGED: larger than FP32, slower than FP32" in result.stdout  # and the table
+
+
+def test_paired_ratios_decide_by_measurement():
+    """The sequential test on the p50 ratio: a candidate doing four times the work is measured slower; one doing
+    a quarter of it is not; the interval is the median's order-statistics interval."""
+    from edgeopt.vs_fp32 import median_interval, paired_ratios
+
+    assert median_interval(range(1, 7)) == (1, 6)  # too few rounds for anything narrower at 90%
+    assert median_interval(range(1, 21)) == (6, 15)  # P(Binomial(20, 1/2) <= 5) = 0.021 per side
+
+    def work(times):  # single-threaded pure Python, so that the ratio is the work's, not a thread pool's
+        return lambda: sum(range(5000 * times))
+
+    _, _, ratios = paired_ratios(work(1), work(4))
+    assert median_interval(ratios)[0] > 1.05
+    _, _, ratios = paired_ratios(work(4), work(1))
+    assert median_interval(ratios)[1] <= 1.05
 
 
 def test_custom_op_is_one_line_exit_2_naming_node_and_op(cli, tmp_path):

@@ -76,6 +76,21 @@ def test_three_output_model_is_gated_on_every_output(tmp_path, three_outputs, cl
     assert set(report["quality"]["artifacts"]["openvino"]["outputs"]) == {"box", "landmarks", "prob"}  # still reported
 
 
+def test_int8_ac_scores_every_output(tmp_path, three_outputs, cli):
+    """Accuracy control judged like the gate: the worst output's cosine, so it reverts what the fragile landmarks
+    head needs (scored on the first output alone it stopped with the landmarks failing the gate)."""
+    out = tmp_path / "ac"
+    result = cli("compress", three_outputs["model"], "--calib", three_outputs["calib"], "--eval",
+                 three_outputs["eval"], "--out", out, "--format", "openvino", "--min-cosine", "0.98",
+                 "--recipe", "int8_ac")
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert any(note.startswith("int8_ac: cosine to FP32 (worst of 3 outputs)") for note in report["notes"])
+    outputs = report["quality"]["artifacts"]["openvino"]["outputs"]
+    assert min(o["cosine"] for o in outputs.values()) >= 0.98
+    assert report["artifacts"][0]["precision"] == "int8"
+
+
 def test_unknown_gated_output_is_bad_input(tmp_path, three_outputs, cli):
     result = cli("compress", three_outputs["model"], "--calib", three_outputs["calib"], "--eval",
                  three_outputs["eval"], "--out", tmp_path / "o", "--outputs", "box,nose")

@@ -1,10 +1,11 @@
 """Accuracy-controlled INT8: ``nncf.quantize_with_accuracy_control`` on the OpenVINO model.
 
 NNCF quantizes, measures the metric on the evaluation set, and reverts the layers that cost the most back to
-float until the drop is within ``max_drop``. The metric is the gate's task metric when it has one (NNCF's
-``validation_fn`` computes it on every output and the evaluation targets; its allowed drop, absolute or
-relative), else top-1 when the evaluation set has labels, else the mean cosine similarity to the FP32 model's
-outputs (allowed drop ``1 - min_cosine``).
+float until the drop is within ``max_drop``. The metric follows the quality gate: its task metric when it has
+one (NNCF's ``validation_fn`` computes it on every output and the evaluation targets; its allowed drop, absolute
+or relative), else top-1 on the labelled output when the evaluation set has labels, else the worst, over the
+gated outputs (every output unless the gate names some), of the mean cosine similarity to the FP32 model's
+output (allowed drop ``1 - min_cosine``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgeopt.errors import BadInputError, first_line
-from edgeopt.evaluate import QualityGate, compare_outputs, output_names
+from edgeopt.evaluate import QualityGate, all_outputs, compare_outputs, labelled_output, output_names
 from edgeopt.passes.base import PassContext, WorkingModel
 from edgeopt.passes.config import StepConfig, number
 from edgeopt.passes.quantize import Preset, nncf_preset
@@ -43,29 +44,13 @@ def int8_ac(model: WorkingModel, ctx: PassContext, config: Int8AcConfig) -> None
     min_cosine = gate.min_cosine if config.min_cosine is None else config.min_cosine
     preset, subset_size, max_num_iterations = config.preset, config.subset_size, config.max_num_iterations
     evaluation = ctx.evaluation
-    labels = evaluation.labels
     drop_type = nncf.DropType.ABSOLUTE
     if gate.metric is not None:
         validate, metric, allowed, relative = _metric_validation(gate, evaluation, model.source.output_names)
         drop_type = nncf.DropType.RELATIVE if relative else drop_type
     else:
-        if labels is not None:
-            metric, allowed = "top-1", max_drop
-
-            def score(outputs: np.ndarray, indices: list[int]) -> float:
-                return float(np.mean(outputs.argmax(axis=1) == labels[indices]))
-        else:
-            reference = _outputs(model.ov_model, evaluation.samples)
-            metric, allowed = "cosine to FP32", 1.0 - min_cosine
-
-            def score(outputs: np.ndarray, indices: list[int]) -> float:
-                return compare_outputs(outputs, reference[indices]).cosine
-
-        def validate(compiled, items) -> float:
-            items = list(items)
-            outputs = np.concatenate([np.asarray(compiled(feeds)[compiled.output(0)]).reshape(1, -1)
-                                      for feeds, _ in items])
-            return score(outputs, [index for _, index in items])
+        validate, metric, allowed = _output_validation(model.ov_model, gate, evaluation, model.source.output_names,
+                                                       max_drop, min_cosine)
 
     validation = nncf.Dataset([(feeds, i) for i, feeds in enumerate(evaluation.samples)], lambda item: item[0])
     try:
@@ -83,6 +68,39 @@ def int8_ac(model: WorkingModel, ctx: PassContext, config: Int8AcConfig) -> None
     kind = "relative" if drop_type == nncf.DropType.RELATIVE else "absolute"
     model.notes.append(f"int8_ac: {metric} on {len(evaluation)} evaluation samples, max drop {allowed:.4g} "
                        f"({kind}), preset={preset}, at most {max_num_iterations} layers reverted to float")
+
+
+def _output_validation(ov_model, gate: QualityGate, evaluation, names: list[str], max_drop: float,
+                       min_cosine: float):
+    """NNCF's ``validation_fn`` without a task metric: top-1 on the labelled output when there are labels, else
+    the worst gated output's cosine to the FP32 model's. Also the metric's label and its allowed drop."""
+    labels = evaluation.labels
+    reference = all_outputs(_predictor(_compile_f32(ov_model)), evaluation, names)
+    labelled = labelled_output(reference, gate.outputs) if labels is not None else None
+    gated = [i for i, name in enumerate(reference.names) if not gate.outputs or name in gate.outputs]
+    if labelled is not None:
+        metric = "top-1" + (f" on output '{labelled}'" if len(reference.names) > 1 else "")
+        allowed = max_drop
+
+        def score(outputs: list[np.ndarray], indices: list[int]) -> float:
+            return float(np.mean(outputs[reference.index(labelled)].argmax(axis=1) == labels[indices]))
+    else:
+        scored = len(gated or reference.names)
+        metric = "cosine to FP32" + (f" (worst of {scored} outputs)" if scored > 1 else "")
+        allowed = 1.0 - min_cosine
+
+        def score(outputs: list[np.ndarray], indices: list[int]) -> float:
+            return min(compare_outputs(outputs[i], reference.values[i][indices]).cosine
+                       for i in gated or range(len(outputs)))
+
+    def validate(compiled, items) -> float:
+        items = list(items)
+        predict = _predictor(compiled)
+        per_sample = [predict(feeds) for feeds, _ in items]
+        outputs = [np.concatenate([outs[i].reshape(1, -1) for outs in per_sample]) for i in range(len(per_sample[0]))]
+        return score(outputs, [index for _, index in items])
+
+    return validate, metric, allowed
 
 
 def _metric_validation(gate: QualityGate, evaluation, names: list[str]):
@@ -110,9 +128,12 @@ def _metric_validation(gate: QualityGate, evaluation, names: list[str]):
     return validate, f"metric {spec.primary} ({spec.name})", allowed, relative
 
 
-def _outputs(ov_model, samples: list[dict]) -> np.ndarray:
-    """First output of the float model for every sample, computed in f32."""
+def _compile_f32(ov_model):
     import openvino as ov
 
-    compiled = ov.Core().compile_model(ov_model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
-    return np.concatenate([np.asarray(compiled(feeds)[compiled.output(0)]).reshape(1, -1) for feeds in samples])
+    return ov.Core().compile_model(ov_model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+
+
+def _predictor(compiled):
+    """``feeds -> [every output]`` of a compiled OpenVINO model, in the model's output order."""
+    return lambda feeds: [np.asarray(value) for value in compiled(feeds).values()]

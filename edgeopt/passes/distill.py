@@ -23,7 +23,7 @@ class DistillStepConfig(FineTuneConfig):
 def distill(model: WorkingModel, ctx: PassContext, config: DistillStepConfig) -> None:
     student = plain_module(model, "distill")
     epochs, temperature, alpha, lr = config.epochs, config.temperature, config.alpha, config.lr
-    settings = distill_config(ctx, config)
+    settings = distill_config(model, ctx, config)
     data = training_set(model, ctx)
     teacher = model.source.torch_module
     before = evaluate_loss(student, teacher, data, settings)

@@ -34,7 +34,7 @@ def qat(model: WorkingModel, ctx: PassContext, config: QatConfig) -> None:
 
     student = plain_module(model, "qat")
     epochs, preset, subset_size = config.epochs, config.preset, config.subset_size
-    settings = distill_config(ctx, config)
+    settings = distill_config(model, ctx, config)
     _use_eager_fake_quantize()
     names = model.source.input_names
 

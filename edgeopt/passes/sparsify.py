@@ -60,8 +60,8 @@ def sparsify(model: WorkingModel, ctx: PassContext, config: SparsifyConfig) -> N
         raise BadInputError(f"sparsify: {first_line(exc)}") from exc
     regulariser = RBLoss(masked, target_ratio=ratio) if mode == "regularization" else None
     masks = [m.mask for m in get_pruned_modules(masked).values()] if regulariser else []
-    losses = fine_tune(masked, model.source.torch_module, training_set(model, ctx), distill_config(ctx, config),
-                       label="sparsify", quiet=ctx.quiet, extra_loss=regulariser,
+    losses = fine_tune(masked, model.source.torch_module, training_set(model, ctx),
+                       distill_config(model, ctx, config), label="sparsify", quiet=ctx.quiet, extra_loss=regulariser,
                        extra_groups=[(masks, float(mask_lr))] if masks else [])
     model.torch_module = nncf.strip(masked, do_copy=False, strip_format=nncf.StripFormat.IN_PLACE)
     zeros, total = _sparsity(model.torch_module, skip)

@@ -36,10 +36,14 @@ def plain_module(model: WorkingModel, step: str):
     return module
 
 
-def distill_config(ctx: PassContext, config: FineTuneConfig) -> DistillConfig:
-    """The fine-tuning settings of ``config`` (its fields were range-checked when it was parsed)."""
+def distill_config(model: WorkingModel, ctx: PassContext, config: FineTuneConfig) -> DistillConfig:
+    """The fine-tuning settings of ``config`` (its fields were range-checked when it was parsed), distilling the
+    outputs the quality gate looks at."""
+    gated = ctx.gate.outputs if ctx.gate is not None else ()
+    names = model.source.output_names
+    outputs = tuple(i for i, name in enumerate(names) if name in gated) if gated else ()
     return DistillConfig(epochs=config.epochs, lr=float(config.lr), temperature=float(config.temperature),
-                         alpha=float(config.alpha), batch_size=config.batch_size, seed=ctx.seed)
+                         alpha=float(config.alpha), batch_size=config.batch_size, seed=ctx.seed, outputs=outputs)
 
 
 def training_set(model: WorkingModel, ctx: PassContext) -> TrainingSet:

@@ -1,7 +1,8 @@
 """What each recipe step bought: parameters, MACs, IR size, accuracy/fidelity and latency p50 after every step.
 
 After each step the working model is saved as OpenVINO IR (as ``save_artifacts`` would) and run on the evaluation
-data (accuracy, fidelity to the original's outputs). When the recipe is done, every step's IR is timed at batch 1
+data (accuracy on the labelled output, fidelity to the original's outputs: the worst of the gated outputs, as the
+quality gate judges). When the recipe is done, every step's IR is timed at batch 1
 with pinned runtime settings, in interleaved rounds, so that load from other processes hits every step alike and
 the "faster" column compares steps rather than moments.
 """
@@ -12,14 +13,12 @@ import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
-
 from edgeopt.data import SampleSet
 from edgeopt.device.host import host_info
 from edgeopt.device.measure import time_interleaved
 from edgeopt.device.runtime import OpenVINOSession, RuntimeSettings, random_feeds, runtime_version
 from edgeopt.device.stats import latency_stats
-from edgeopt.evaluate import compare_outputs, first_outputs, torch_predictor
+from edgeopt.evaluate import Outputs, all_outputs, measure_outputs, torch_predictor
 from edgeopt.formats import FORMATS, REFERENCE
 from edgeopt.passes.base import WorkingModel
 from edgeopt.source import SourceModel, to_openvino
@@ -32,8 +31,8 @@ class StepRow:
     macs: int | None
     ir_bytes: int  # .xml + .bin as saved
     precision: str
-    top1: float | None  # on the report's data, when it has labels
-    cosine: float | None  # mean cosine similarity to the original's outputs
+    top1: float | None  # on the report's data, when it has labels (the labelled output)
+    cosine: float | None  # mean cosine similarity to the original's, of the worst gated output
     p50_ms: float  # filled in by StepRecorder.finish, which times all steps together
 
 
@@ -66,13 +65,14 @@ class StepRecorder:
     """Callable the pipeline invokes after each step with ``(label, working_model)``; ``finish`` times the steps."""
 
     def __init__(self, source: SourceModel, data: SampleSet, threads: int | None = None, runs: int = 200,
-                 warmup: int = 20, rounds: int = 10):
+                 warmup: int = 20, rounds: int = 10, gated: tuple[str, ...] = ()):
         threads = threads or host_info().usable_cpus
         self.source = source
         self.data = data
         self.report = StepReport(data.source, len(data), RuntimeSettings(inference_precision="f32", threads=threads),
                                  runs, warmup, rounds)
-        self._reference: np.ndarray | None = None
+        self.gated = gated  # the outputs the quality gate looks at (every output when empty)
+        self._reference: Outputs | None = None
         self._folder = tempfile.TemporaryDirectory(prefix="edgeopt-steps-")  # IRs stay while their models are open
         self._sessions: list[OpenVINOSession] = []  # each step's compiled IR, timed by ``finish``
 
@@ -83,13 +83,13 @@ class StepRecorder:
         fmt.write(self._openvino(working), xml, working.float_weights_fp16)
         size = sum(f.stat().st_size for f in fmt.files(xml))
         session = OpenVINOSession(xml, self.report.settings)
-        outputs = first_outputs(session.infer, self.data)
+        outputs = all_outputs(session.infer, self.data, self.source.output_names)
         if self._reference is None:
             self._reference = self._original_outputs(outputs)
-        top1 = float(np.mean(outputs.argmax(axis=1) == self.data.labels)) if self.data.labels is not None else None
-        cosine = compare_outputs(outputs, self._reference).cosine
+        quality = measure_outputs(label, outputs, self.data.labels, self._reference, gated=self.gated)
         self._sessions.append(session)
-        self.report.rows.append(StepRow(label, *counts, size, working.precision, top1, cosine, p50_ms=float("nan")))
+        self.report.rows.append(StepRow(label, *counts, size, working.precision, quality.top1,
+                                        quality.fidelity.cosine, p50_ms=float("nan")))
 
     def finish(self) -> StepReport:
         """Time every step's model in interleaved rounds, fill in the rows and release the compiled models."""
@@ -127,8 +127,9 @@ class StepRecorder:
             return to_openvino(working.torch_module, self.source.example_input, self.source.input_names)
         return self.source.openvino_model()
 
-    def _original_outputs(self, first_row_outputs: np.ndarray) -> np.ndarray:
+    def _original_outputs(self, first_row_outputs: Outputs) -> Outputs:
         """The original in its own framework (PyTorch) where it has one, else the first row's outputs."""
         if self.source.kind == "torch":
-            return first_outputs(torch_predictor(self.source.torch_module, self.source.input_names), self.data)
+            return all_outputs(torch_predictor(self.source.torch_module, self.source.input_names), self.data,
+                               self.source.output_names)
         return first_row_outputs
