@@ -91,9 +91,11 @@ class RayExecutor:
         self.nodes = [n for n in nodes if n["Resources"].get(NODE_SLOT)]
         self.events: list[SlotEvent] = []
         self._driver = threading.Lock()
-        remote = ray.remote(_remote_job)
-        self._build = remote.options(num_cpus=1, resources={NODE_SLOT: BUILD_SHARE}, max_retries=RETRIES)
-        self._measure = remote.options(num_cpus=1, resources={NODE_SLOT: 1.0}, max_retries=RETRIES)
+        # two functions, so a worker's process title says which it runs (ray::remote_build, ray::remote_measure)
+        self._build = ray.remote(remote_build).options(num_cpus=1, resources={NODE_SLOT: BUILD_SHARE},
+                                                       max_retries=RETRIES)
+        self._measure = ray.remote(remote_measure).options(num_cpus=1, resources={NODE_SLOT: 1.0},
+                                                           max_retries=RETRIES)
         self._threads = _torch_threads()
 
     def map(self, run_pair: Callable[[object], T], pairs: list) -> list[T]:
@@ -118,7 +120,7 @@ class RayExecutor:
         self._ray.shutdown()
 
     def run(self, task, job: Callable[[], T], kind: str, pair: str, label: str) -> T:
-        ref = task.remote(job, kind, pair, label, self._threads)
+        ref = task.remote(job, pair, label, self._threads)
         with _released(self._driver):
             try:
                 result, event = self._ray.get(ref)
@@ -143,8 +145,18 @@ class _RayPair:
         return self.parent.run(self.parent._measure, job, "measure", self.pair, label)
 
 
-def _remote_job(job: Callable[[], object], kind: str, pair: str, label: str, threads: int | None):
-    """A Ray task: the job under this machine's slot, with the driver's torch threads (the same build bytes)."""
+def remote_build(job: Callable[[], object], pair: str, label: str, threads: int | None):
+    """A Ray task: a build under this machine's (shared) slot."""
+    return _remote(job, "build", pair, label, threads)
+
+
+def remote_measure(job: Callable[[], T], pair: str, label: str, threads: int | None):
+    """A Ray task: a host measurement holding this machine's slot alone."""
+    return _remote(job, "measure", pair, label, threads)
+
+
+def _remote(job: Callable[[], object], kind: str, pair: str, label: str, threads: int | None):
+    """The job under this machine's slot, with the driver's torch threads (so the build's bytes are the same)."""
     import ray
 
     if threads:
