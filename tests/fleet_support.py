@@ -3,6 +3,7 @@ data sets (calibration 64 samples, evaluation 200) and an INT8 recipe, so that e
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -83,21 +84,31 @@ def free_port() -> int:
 class RayCluster:
     """A real Ray cluster on 127.0.0.1: a head node and a worker node (``ray start --block``, each in its own
     process group, one CPU and one measurement slot each); ``stop`` ends exactly those processes and removes
-    the temporary folder."""
+    the temporary folder. Token authentication with its own token: ``env`` is what a driver needs to join."""
 
     def __init__(self, cpus_per_node: int = 1):
+        import secrets
+
         self.temp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # Ray's socket paths must stay short
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.procs: list[subprocess.Popen] = []
+        token = self.temp / "auth_token"
+        token.write_text(secrets.token_hex(32))
+        self.env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "RAY_USAGE_STATS_ENABLED": "0"}
         common = ["--num-cpus", str(cpus_per_node), "--resources", '{"edgeopt_node_slot": 1}', "--block",
                   "--disable-usage-stats"]
-        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-        self._start([str(RAY), "start", "--head", "--port", str(self.port), "--node-ip-address", "127.0.0.1",
-                     "--temp-dir", str(self.temp), "--include-dashboard=false", *common], env)
-        self._wait(1)
-        self._start([str(RAY), "start", "--address", self.address, "--node-ip-address", "127.0.0.1", *common], env)
-        self._wait(2)
+        env = {**os.environ, **self.env}
+        try:
+            self._start([str(RAY), "start", "--head", "--port", str(self.port), "--node-ip-address", "127.0.0.1",
+                         "--temp-dir", str(self.temp), "--include-dashboard=false", *common], env)
+            self._wait(1)
+            self._start([str(RAY), "start", "--address", self.address, "--node-ip-address", "127.0.0.1", *common],
+                        env)
+            self._wait(2)
+        except BaseException:
+            self.stop()
+            raise
 
     def _start(self, command: list[str], env: dict) -> None:
         log = open(self.temp / f"node{len(self.procs)}.log", "wb")
@@ -111,24 +122,43 @@ class RayCluster:
         while time.monotonic() < deadline:
             if any(p.poll() is not None for p in self.procs):
                 raise RuntimeError(f"ray start exited: {self.logs()}")
-            found = subprocess.run([sys.executable, "-c", probe, self.address], capture_output=True, text=True)
+            found = subprocess.run([sys.executable, "-c", probe, self.address], capture_output=True, text=True,
+                                   env={**os.environ, **self.env})
             if found.returncode == 0 and found.stdout.strip() == str(nodes):
                 return
             time.sleep(1)
         raise RuntimeError(f"the Ray cluster did not come up with {nodes} node(s): {self.logs()}")
 
+    @contextlib.contextmanager
+    def joined(self):
+        """This process's environment set to join the cluster, within the block."""
+        saved = {key: os.environ.get(key) for key in self.env}
+        os.environ.update(self.env)
+        try:
+            yield self.address
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
     def logs(self) -> str:
         return " | ".join(p.read_text(errors="replace")[-500:] for p in sorted(self.temp.glob("node*.log")))
 
     def own_pids(self) -> list[int]:
-        """Every process of this cluster: the process groups started here, and any process naming its folder."""
+        """Every process of this cluster: the process groups started here, and any process naming its folder or
+        holding its token in its environment (the workers, whose titles become ``ray::...``)."""
         import psutil
 
         groups = {p.pid for p in self.procs}
         found = []
-        for proc in psutil.process_iter(["pid", "cmdline"]):
+        for proc in psutil.process_iter(["pid", "cmdline", "status"]):
             try:
-                if os.getpgid(proc.pid) in groups or str(self.temp) in " ".join(proc.info["cmdline"] or []):
+                if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                    continue
+                if (os.getpgid(proc.pid) in groups or str(self.temp) in " ".join(proc.info["cmdline"] or [])
+                        or proc.environ().get("RAY_AUTH_TOKEN_PATH", "").startswith(str(self.temp))):
                     found.append(proc.pid)
             except (ProcessLookupError, psutil.Error):
                 continue
@@ -148,7 +178,9 @@ class RayCluster:
                     os.kill(pid, sig)
                 except ProcessLookupError:
                     pass
-            time.sleep(3 if sig == signal.SIGTERM else 0.5)
+            deadline = time.monotonic() + (5 if sig == signal.SIGTERM else 15)
+            while self.own_pids() and time.monotonic() < deadline:
+                time.sleep(0.5)
         for proc in self.procs:
             proc.wait(timeout=30)
         shutil.rmtree(self.temp, ignore_errors=True)
