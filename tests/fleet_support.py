@@ -19,6 +19,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 RAY = Path(sys.executable).with_name("ray")
 
+SINGLE = """extends = "roomy"
+description = "the roomy box with one inference thread"
+[runtime]
+threads = 1
+"""
+
 ROOMY = """extends = "generic-x86-avx2-2core"
 description = "the generic box with room for the ResNet sample and a busy shared host's spread"
 [budgets]
@@ -46,13 +52,16 @@ def resnet_data(folder: Path) -> tuple[Path, Path]:
     return paths[0], paths[1]
 
 
-def write_fleet(folder: Path, models=("digits", "resnet"), targets=("tight", "roomy"), *, runs: int = 30) -> Path:
+def write_fleet(folder: Path, models=("digits", "resnet"), targets=("tight", "roomy"), *, runs: int = 30,
+                warmup: int = 5, min_seconds: float = 0.0) -> Path:
     """``fleet.toml`` (and its recipe, profile and data files) in ``folder``: models × targets, where "tight"
-    is digits-tight (350 KB: the ResNet sample misses it) and "roomy" passes both."""
+    is digits-tight (350 KB: the ResNet sample misses it), "roomy" passes both, "single" is roomy with one
+    inference thread."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "int8.toml").write_text('[[step]]\nname = "int8"\nsubset_size = 64\n')
     (folder / "roomy.toml").write_text(ROOMY)
-    text = [f"[settings]\nruns = {runs}\nwarmup = 5\nmin_seconds = 0\n"]
+    (folder / "single.toml").write_text(SINGLE)
+    text = [f"[settings]\nruns = {runs}\nwarmup = {warmup}\nmin_seconds = {min_seconds}\n"]
     if "digits" in models:
         text.append(f'[[model]]\nname = "digits"\nmodel = "{ROOT}/samples/digits/model.py:build"\n'
                     f'calib = "{ROOT}/calibration/digits/calib.npz"\neval = "{ROOT}/calibration/digits/eval.npz"\n'
@@ -61,7 +70,7 @@ def write_fleet(folder: Path, models=("digits", "resnet"), targets=("tight", "ro
         calib, evaluation = resnet_data(folder)
         text.append(f'[[model]]\nname = "resnet"\nmodel = "{ROOT}/samples/resnet_digits/model.py:build"\n'
                     f'calib = "{calib.name}"\neval = "{evaluation.name}"\nrecipe = "int8.toml"\n')
-    profiles = {"tight": 'profile = "digits-tight"\nname = "tight"', "roomy": 'profile = "roomy.toml"',
+    profiles = {"tight": 'profile = "digits-tight"\nname = "tight"', "roomy": 'profile = "roomy.toml"', "single": 'profile = "single.toml"',
                 "small": 'profile = "digits-tight"\nname = "small"'}
     text += [f"[[target]]\n{profiles[t]}\n" for t in targets]
     path = folder / "fleet.toml"

@@ -14,7 +14,11 @@ _CELL = {"found": "PASS", "budgets": "FAIL (budgets)", "quality": "FAIL (quality
 
 def cell(pair: dict) -> str:
     """A matrix cell: the verdict and the chosen candidate or the reason."""
-    return f"{_CELL[pair['verdict']]}: {pair['chosen'] if pair['chosen'] else pair['why']}"
+    if not pair["chosen"]:
+        return f"{_CELL[pair['verdict']]}: {pair['why']}"
+    figures = pair["figures"]
+    p50 = f", p50 {figures['p50_ms']:.3g} ms" if figures["p50_ms"] is not None else ""
+    return f"{_CELL[pair['verdict']]}: {pair['chosen']} ({figures['file_bytes'] / 1e6:.3g} MB{p50})"
 
 
 def matrix(report: dict) -> tuple[list[str], list[list[str]]]:
