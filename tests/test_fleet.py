@@ -68,7 +68,10 @@ def digits_fleet(tmp_path_factory):
     path.write_text(path.read_text().replace('profile = "digits-tight"\nname = "small"', 'profile = "small.toml"'))
     first = fleet(path, "--out", root / "out", "--cache", root / "cache")
     report = json.loads((root / "out" / "report.json").read_text())
-    again = fleet(path, "--out", root / "again", "--cache", root / "cache", "--json", root / "again.json")
+    (root / "first").mkdir()
+    (root / "first" / "report.json").write_text(json.dumps(report))
+    # into the same --out: edgeopt recognises its own fleet output and replaces it
+    again = fleet(path, "--out", root / "out", "--cache", root / "cache", "--json", root / "again.json")
     return root, first, report, again
 
 
@@ -117,4 +120,6 @@ def test_a_rerun_takes_every_pair_from_the_cache_with_the_same_artifacts(digits_
     second = json.loads((root / "again.json").read_text())
     assert second["events"] == []  # nothing built or measured again
     assert all(p["reused"] == p["candidates"] == 1 for p in second["pairs"])
-    assert chosen_files(root / "again") == chosen_files(root / "out")
+    assert chosen_files(root / "out") == chosen_files(root / "first")
+    assert (root / "out" / "digits" / "tight" / "bundle.tar.gz").is_file()
+

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from edgeopt.errors import BadInputError, EdgeoptError
+from edgeopt.errors import BadInputError, EdgeoptError, first_line
 from edgeopt.fleet.slots import SlotEvent, run_in_slot
 
 T = TypeVar("T")
@@ -77,11 +77,15 @@ class RayExecutor:
         except ImportError:
             raise BadInputError("--executor ray needs Ray: pip install 'edgeopt[ray]'") from None
         self._ray = ray
-        if address:
-            ray.init(address=address, log_to_driver=False, configure_logging=False)
-        else:
-            ray.init(num_cpus=len(os.sched_getaffinity(0)), resources={NODE_SLOT: 1.0}, include_dashboard=False,
-                     log_to_driver=False, configure_logging=False)
+        try:
+            if address:
+                ray.init(address=address, log_to_driver=False, configure_logging=False)
+            else:
+                ray.init(num_cpus=len(os.sched_getaffinity(0)), resources={NODE_SLOT: 1.0}, include_dashboard=False,
+                         log_to_driver=False, configure_logging=False)
+        except (ConnectionError, ValueError, RuntimeError) as exc:
+            raise BadInputError(f"--executor ray{'=' + address if address else ''}: cannot start or join the Ray "
+                                f"cluster ({first_line(exc)})") from None
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         if not any(n["Resources"].get(NODE_SLOT) for n in nodes):
             ray.shutdown()
@@ -96,7 +100,6 @@ class RayExecutor:
                                                        max_retries=RETRIES)
         self._measure = ray.remote(remote_measure).options(num_cpus=1, resources={NODE_SLOT: 1.0},
                                                            max_retries=RETRIES)
-        self._threads = _torch_threads()
 
     def map(self, run_pair: Callable[[object], T], pairs: list) -> list[T]:
         def run(pair):
@@ -106,6 +109,9 @@ class RayExecutor:
         pool = ThreadPoolExecutor(max_workers=max(1, len(pairs)), thread_name_prefix="edgeopt-pair")
         try:
             return list(pool.map(run, pairs))
+        except BaseException:  # interrupted: end the tasks now, so the pairs' threads stop waiting for them
+            self._ray.shutdown()
+            raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
 
@@ -120,7 +126,7 @@ class RayExecutor:
         self._ray.shutdown()
 
     def run(self, task, job: Callable[[], T], kind: str, pair: str, label: str) -> T:
-        ref = task.remote(job, pair, label, self._threads)
+        ref = task.remote(job, pair, label, _torch_threads())
         with _released(self._driver):
             try:
                 result, event = self._ray.get(ref)
@@ -168,6 +174,7 @@ def _remote(job: Callable[[], object], kind: str, pair: str, label: str, threads
 
 
 def _torch_threads() -> int | None:
+    """This process's torch threads, once the search has loaded torch (the workers build with as many)."""
     import sys
 
     torch = sys.modules.get("torch")
