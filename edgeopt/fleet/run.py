@@ -17,7 +17,8 @@ from edgeopt import atomic, jsonio
 from edgeopt.errors import BudgetError, DeviceError, EdgeoptError, QualityGateError, first_line
 from edgeopt.fleet.slots import overlaps
 from edgeopt.fleet.spec import FleetModel, FleetSpec, FleetTarget
-from edgeopt.optimize.cache import Cache, digest, sha256_file
+from edgeopt.file_digest import sha256_file
+from edgeopt.optimize.cache import Cache, digest
 from edgeopt.reporting.reports import FleetReport
 
 # worst last: a bug, then bad input, then no device figures, then quality, then budgets
