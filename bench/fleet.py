@@ -81,7 +81,8 @@ def report(local_s: float, local: dict, ray_s: float, ray: dict, same: bool, loa
     print(f"ray, 2 workers: {ray_s:.1f} s wall clock (cluster started beforehand); "
           f"measurement slots {'held' if ray['slot_overlaps'] == 0 else 'VIOLATED'} "
           f"({ray['slot_overlaps']} overlaps); chosen artifacts {'identical' if same else 'DIFFERENT'}")
-    print(f"speed-up local / ray: {local_s / ray_s:.2f}x (goal >= 1.3x: {'met' if local_s / ray_s >= 1.3 else 'NOT met'})")
+    ratio = local_s / ray_s
+    print(f"speed-up local / ray: {ratio:.2f}x (goal >= 1.3x: {'met' if ratio >= 1.3 else 'NOT met'})")
     print(f"Amdahl with a serial share of {share:.1%} (from the local run): "
           + ", ".join(f"{n} workers {1 / (share + (1 - share) / n):.2f}x" for n in (2, 4, 16, 64)))
 

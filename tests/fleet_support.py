@@ -70,7 +70,8 @@ def write_fleet(folder: Path, models=("digits", "resnet"), targets=("tight", "ro
         calib, evaluation = resnet_data(folder)
         text.append(f'[[model]]\nname = "resnet"\nmodel = "{ROOT}/samples/resnet_digits/model.py:build"\n'
                     f'calib = "{calib.name}"\neval = "{evaluation.name}"\nrecipe = "int8.toml"\n')
-    profiles = {"tight": 'profile = "digits-tight"\nname = "tight"', "roomy": 'profile = "roomy.toml"', "single": 'profile = "single.toml"',
+    profiles = {"tight": 'profile = "digits-tight"\nname = "tight"', "roomy": 'profile = "roomy.toml"',
+                "single": 'profile = "single.toml"',
                 "small": 'profile = "digits-tight"\nname = "small"'}
     text += [f"[[target]]\n{profiles[t]}\n" for t in targets]
     path = folder / "fleet.toml"

@@ -34,7 +34,7 @@ from pathlib import Path
 from edgeopt.errors import BadInputError
 from edgeopt.evaluate import QualityGate
 from edgeopt.targets import OBJECTIVES, Measuring
-from edgeopt.tomlio import read_toml
+from edgeopt.tomlio import check_keys, read_toml
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _REQUIRED = ...
@@ -86,7 +86,7 @@ def load_fleet(path: str | Path) -> FleetSpec:
     """Read and check ``fleet.toml``; every referenced file must exist (checked here, before any work)."""
     path = Path(path)
     raw = read_toml(path)
-    _keys(path, "fleet file", raw, {"settings", "model", "target"}, {"model", "target"})
+    check_keys(path, "fleet file", raw, {"settings", "model", "target"}, {"model", "target"})
     settings = _table(path, "[settings]", raw.get("settings", {}), _SETTINGS)
     for key in ("runs", "warmup"):
         if settings[key] < 1:
@@ -157,7 +157,7 @@ def _target(path: Path, table: dict, number: int) -> FleetTarget:
 def _table(path: Path, where: str, table, schema: dict) -> dict:
     if not isinstance(table, dict):
         raise BadInputError(f"{path}: {where} must be a table")
-    _keys(path, where, table, set(schema), {k for k, (_, default) in schema.items() if default is _REQUIRED})
+    check_keys(path, where, table, set(schema), {k for k, (_, default) in schema.items() if default is _REQUIRED})
     values = {}
     for key, (types, default) in schema.items():
         value = table.get(key, default)
@@ -167,15 +167,6 @@ def _table(path: Path, where: str, table, schema: dict) -> dict:
             raise BadInputError(f"{path}: {where}: {key} must be {wanted}, got {value!r}")
         values[key] = value
     return values
-
-
-def _keys(path: Path, where: str, table: dict, allowed: set[str], required: set[str]) -> None:
-    unknown, missing = set(table) - allowed, required - set(table)
-    if unknown:
-        raise BadInputError(f"{path}: {where}: unknown key(s) {', '.join(sorted(unknown))} "
-                            f"(known: {', '.join(sorted(allowed))})")
-    if missing:
-        raise BadInputError(f"{path}: {where}: missing key(s) {', '.join(sorted(missing))}")
 
 
 def _name(path: Path, where: str, name: str) -> None:

@@ -68,7 +68,8 @@ def markdown(report: dict) -> str:
     lines = [f"# edgeopt fleet — {report['fleet']}", "", f"**{summary_lines(report)[-1]}**", "", "## Matrix", "",
              *_table(headers, rows), "", "## Pairs", ""]
     for pair in report["pairs"]:
-        where = f" → `{pair['out']}`" + (f", bundle `{pair['bundle']}`" if pair["bundle"] else "") if pair["out"] else ""
+        bundle = f", bundle `{pair['bundle']}`" if pair["bundle"] else ""
+        where = f" → `{pair['out']}`{bundle}" if pair["out"] else ""
         lines.append(f"- **{pair['model']} × {pair['target']}**: {cell(pair)}{where}")
     lines += ["", "## Where and under what load each build and measurement ran", "",
               f"Times from the first task ({_started(report)}); measurements hold their machine alone "
