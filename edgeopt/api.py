@@ -47,11 +47,13 @@ def optimize(model: str | Path, calibration: str | Path, eval_data: str | Path, 
              out: str | Path, gate: QualityGate | None = None, objective: str | None = None,
              plan: str | Path | None = None, cache_dir: str | Path | None = None,
              measuring: Measuring = Measuring(), input_shapes: dict | None = None, seed: int = 0,
-             progress: Callable | None = None, pool=None, warn: Callable[[str], None] | None = None):
+             progress: Callable | None = None, pool=None, warn: Callable[[str], None] | None = None,
+             executor=None):
     """Search the plan for the best artifact ``target`` accepts; write it (when one passes) with report.json,
     report.md, report.html and the figures into ``out`` atomically. Returns the ``OptimizeResult``; its
     ``verdict`` says found / budgets / quality. ``pool``: an ``edgeopt.remote.pool.DevicePool`` that measures the
-    candidates on devices; ``warn`` hears the cache's warnings."""
+    candidates on devices; ``warn`` hears the cache's warnings; ``executor`` (``edgeopt.optimize.executor``) runs
+    the builds and host measurements (default: here, in order)."""
     from edgeopt.optimize.cache import Cache, default_cache_dir
     from edgeopt.optimize.search import search
     from edgeopt.reporting import write_reports
@@ -60,7 +62,7 @@ def optimize(model: str | Path, calibration: str | Path, eval_data: str | Path, 
     result = search(str(model), str(calibration), str(eval_data), profile, gate=gate or QualityGate(),
                     cache=Cache(cache_dir or default_cache_dir(), **({"warn": warn} if warn else {})), plan=plan,
                     measuring=measuring, objective=objective or profile.objective, input_shapes=input_shapes,
-                    seed=seed, pool=pool, **({"progress": progress} if progress else {}))
+                    seed=seed, pool=pool, executor=executor, **({"progress": progress} if progress else {}))
     with atomic.atomic_dir(out) as tmp:
         if result.chosen:
             result.chosen_files = list(result.chosen.validation["files"])

@@ -18,7 +18,7 @@ from pathlib import Path
 from edgeopt import atomic
 from edgeopt.errors import BadInputError
 
-_REPORT_KEYS = ({"recipe", "artifacts"}, {"verdict", "candidates"})  # compress, optimize
+_REPORT_KEYS = ({"recipe", "artifacts"}, {"verdict", "candidates"}, {"pairs", "events"})  # compress, optimize, fleet
 MIN_FREE_BYTES = 1 << 20
 
 
@@ -51,8 +51,8 @@ def check_out_file(out: str | os.PathLike, force: bool = False, needs_bytes: int
 
 
 def is_own_folder(path: Path) -> bool:
-    """A folder edgeopt wrote: it holds a ``report.json`` of ``compress`` or ``optimize`` (by its keys, or an
-    ``edgeopt...`` schema name), or a golden set's ``golden.json``."""
+    """A folder edgeopt wrote: it holds a ``report.json`` of ``compress``, ``optimize`` or ``fleet`` (by its keys,
+    or an ``edgeopt...`` schema name), or a golden set's ``golden.json``."""
     own = path / ("golden.json" if (path / "golden.json").is_file() else "report.json")
     try:
         report = json.loads(own.read_text(encoding="utf-8"))

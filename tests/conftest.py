@@ -95,7 +95,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 
 REPORT_SCHEMA = ROOT / "docs" / "report.schema.json"
-REPORT_KINDS = {"compress", "validation", "validations", "optimize"}
+REPORT_KINDS = {"compress", "validation", "validations", "optimize", "fleet"}
 
 
 def report_schema_errors(data) -> list[str]:

@@ -81,6 +81,7 @@ class _LevelFloor(logging.Filter):
 def _register() -> None:
     from edgeopt.cli import compress
     from edgeopt.cli import devices as devices_cli
+    from edgeopt.cli import fleet as fleet_cli
     from edgeopt.cli import golden as golden_cli
     from edgeopt.cli import keys as keys_cli
     from edgeopt.cli import optimize as optimize_cli
@@ -90,6 +91,7 @@ def _register() -> None:
 
     main.add_command(compress.compress)
     main.add_command(devices_cli.devices)
+    main.add_command(fleet_cli.fleet)
     main.add_command(golden_cli.golden)
     main.add_command(keys_cli.keys)
     main.add_command(optimize_cli.optimize)

@@ -9,6 +9,7 @@ from pathlib import Path
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.recipe import Recipe, checked, make_step
 from edgeopt.targets import MODEL_PRECISIONS
+from edgeopt.tomlio import check_keys
 
 DEFAULT_PLAN = Path(__file__).with_name("plan.toml")
 _STAGE_KEYS = {"name", "summary", "candidate", "stop_when_passed"}
@@ -44,11 +45,11 @@ def load_plan(path: str | Path | None = None) -> tuple[Stage, ...]:
         raise BadInputError(f"{path}: a search plan is a list of [[stage]] tables and nothing else")
     stages, labels = [], set()
     for number, table in enumerate(raw["stage"], 1):
-        _keys(path, f"stage {number}", table, _STAGE_KEYS, {"name", "candidate"})
+        check_keys(path, f"stage {number}", table, _STAGE_KEYS, {"name", "candidate"})
         candidates = []
         for item in table["candidate"]:
             where = f"stage '{table['name']}'"
-            _keys(path, where, item, _CANDIDATE_KEYS, {"label", "precision", "steps"})
+            check_keys(path, where, item, _CANDIDATE_KEYS, {"label", "precision", "steps"})
             label = item["label"]
             if label in labels:
                 raise BadInputError(f"{path}: candidate label '{label}' is used twice")
@@ -68,17 +69,6 @@ def load_plan(path: str | Path | None = None) -> tuple[Stage, ...]:
                 raise BadInputError(f"{path}: {candidate.label}: if_gate_failed names unknown candidate(s) "
                                     f"{', '.join(sorted(unknown))}")
     return tuple(stages)
-
-
-def _keys(path: Path, where: str, table, allowed: set[str], required: set[str]) -> None:
-    if not isinstance(table, dict):
-        raise BadInputError(f"{path}: {where}: expected a table, got {table!r}")
-    unknown, missing = set(table) - allowed, required - set(table)
-    if unknown:
-        raise BadInputError(f"{path}: {where}: unknown key(s) {', '.join(sorted(unknown))} "
-                            f"(known: {', '.join(sorted(allowed))})")
-    if missing:
-        raise BadInputError(f"{path}: {where}: missing key(s) {', '.join(sorted(missing))}")
 
 
 def _recipe(path: Path, label: str, steps) -> Recipe:

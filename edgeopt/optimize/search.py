@@ -7,6 +7,7 @@ candidates the lowest objective figure; figures within 3% count as a tie, won by
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +21,7 @@ from edgeopt.errors import BadInputError, first_line
 from edgeopt.evaluate import Quality, QualityGate
 from edgeopt.optimize.cache import Cache, digest, files_digest
 from edgeopt.optimize.candidate import Candidate, choose, closest
+from edgeopt.optimize.executor import Executor, Inline
 from edgeopt.optimize.plan import DEFAULT_PLAN, PlannedCandidate, load_plan
 from edgeopt.device.formats import format_for_runtime
 from edgeopt.recipe import Recipe
@@ -79,9 +81,11 @@ class OptimizeResult:
 def search(model: str, calibration: str, eval_data: str, target: Target, *, gate: QualityGate, cache: Cache,
            plan: str | Path | None = None, measuring: Measuring = Measuring(), objective: str = "p50_ms",
            input_shapes: dict | None = None, seed: int = 0, pool=None,
-           progress: Callable[[Candidate, str], None] = lambda candidate, event: None) -> OptimizeResult:
+           progress: Callable[[Candidate, str], None] = lambda candidate, event: None,
+           executor: Executor | None = None) -> OptimizeResult:
     """Run the plan's stages for ``target``; ``progress(candidate, event)`` hears what happens to each one.
-    ``pool`` (``edgeopt.remote.pool.DevicePool``): measure on real devices, in parallel with the next builds."""
+    ``pool`` (``edgeopt.remote.pool.DevicePool``): measure on real devices, in parallel with the next builds.
+    ``executor`` (``edgeopt.optimize.executor``): where builds and host measurements run (default: here)."""
     if objective not in OBJECTIVES:
         raise BadInputError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     from edgeopt.pipeline import with_metric
@@ -106,7 +110,7 @@ def search(model: str, calibration: str, eval_data: str, target: Target, *, gate
                           "warmup": measuring.warmup, "min_seconds": float(measuring.min_seconds),
                           "host": host_info().cpu_model})
     builder = _Builder(model, calibration, eval_data, target, gate, cache, measuring, shapes, seed, fmt, inputs,
-                       measure_key, progress, emulation, pool)
+                       measure_key, progress, emulation, pool, executor or Inline())
     candidates: list[Candidate] = []
     stages_run = []
     # Devices measure while this host builds the next candidate; here, measuring waits for a quiet host.
@@ -178,6 +182,7 @@ class _Builder:
     progress: Callable[[Candidate, str], None]
     emulation: object = None  # targets.Emulation when this host stands in for the device
     pool: object = None  # remote.pool.DevicePool: measure on real devices
+    executor: Executor = field(default_factory=Inline)  # runs the builds and host measurements
 
     def candidate(self, stage: str, planned: PlannedCandidate) -> Candidate:
         eligible = planned.precision in self.target.precisions
@@ -195,10 +200,10 @@ class _Builder:
         else:
             self.progress(candidate, "building")
             try:
-                compress_recipe(self.model, self.calibration, recipe, out=entry, target=self.target,
-                                formats=(self.fmt,), eval_data=self.eval_data, gate=self.gate,
-                                input_shapes=self.shapes, seed=self.seed, measuring=None,
-                                batch_axes=self.target.batch_axes)
+                self.executor.build(functools.partial(
+                    compress_recipe, self.model, self.calibration, recipe, out=entry, target=self.target,
+                    formats=(self.fmt,), eval_data=self.eval_data, gate=self.gate, input_shapes=self.shapes,
+                    seed=self.seed, measuring=None, batch_axes=self.target.batch_axes), candidate.label)
             except WriteError:
                 raise
             except BadInputError as exc:
@@ -233,8 +238,9 @@ class _Builder:
         else:
             self.progress(candidate, "measuring")
             try:
-                report = validate_on(self.target, candidate.artifact, measuring=self.measuring,
-                                     input_shapes=self.shapes)
+                report = self.executor.measure(functools.partial(
+                    validate_on, self.target, candidate.artifact, measuring=self.measuring,
+                    input_shapes=self.shapes), candidate.label)
             except (BadInputError, RuntimeError) as exc:  # the runtime cannot run this artifact here
                 reason = first_line(exc).replace(str(candidate.artifact), "the artifact")
                 candidate.skipped = f"measurement failed: {reason}"

@@ -4,6 +4,7 @@ stderr, and JSON for machines (``emit``)."""
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -277,6 +278,75 @@ def _summary(candidate) -> str:
         + ([] if candidate.eligible else [f"device lacks {candidate.precision}"]))
     return (f"{cache}; {candidate.file_bytes / 1e6:.3g} MB, p50 {candidate.figures['p50_ms']:.3g} ms, "
             f"{candidate.gate_check}; {verdict}")
+
+
+class FleetProgress:
+    """``edgeopt fleet`` on stderr: on a terminal, one live line per pair (what its current candidate is doing)
+    under an overall line with the ETA; otherwise (a CI log) one plain, time-stamped line per event."""
+
+    def __init__(self, quiet: bool, stream=None):
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self._stream = stream or sys.stderr
+        self._quiet, self._live = quiet, not quiet and self._stream.isatty()
+        self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                                  console=Console(file=self._stream, highlight=False), disable=not self._live)
+        self._tasks: dict[str, int] = {}
+        self._started, self._total, self._done = time.monotonic(), 0, 0
+
+    def __enter__(self) -> "FleetProgress":
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._progress.stop()
+
+    def start(self, pairs: list[str]) -> None:
+        self._started, self._total = time.monotonic(), len(pairs)
+        self._overall = self._progress.add_task(self._overall_text(), total=len(pairs))
+        for pair in pairs:
+            self._tasks[pair] = self._progress.add_task(f"{pair}: waiting", total=1)
+        self._say(f"fleet: {len(pairs)} pairs")
+
+    def candidate(self, pair: str) -> Callable:
+        def event(candidate, what: str) -> None:
+            text = f"{candidate.label}: " + (_summary(candidate) if what == "done" else
+                                             f"skipped ({candidate.skipped})" if what == "skipped" else what)
+            self._progress.update(self._tasks[pair], description=f"{pair}: {text}")
+            self._say(f"{pair}: {text}")
+        return event
+
+    def pair_done(self, result) -> None:
+        self._done += 1
+        verdict = "PASS" if result.verdict == "found" else f"FAIL ({result.verdict})"
+        self._progress.update(self._tasks[result.name], description=f"{result.name}: {verdict}: {result.why}",
+                              completed=1)
+        self._progress.update(self._overall, description=self._overall_text(), completed=self._done)
+        self._say(f"pair {self._done}/{self._total} done: {verdict} {result.name}: {result.why}; {self._eta()}")
+
+    def _overall_text(self) -> str:
+        return f"fleet: {self._done}/{self._total} pairs done, {self._eta()}"
+
+    def _eta(self) -> str:
+        if not self._done:
+            return "ETA unknown until a pair is done"
+        if self._done == self._total:
+            return "all done"
+        left = (time.monotonic() - self._started) / self._done * (self._total - self._done)
+        return f"ETA {int(left // 60)}m{int(left % 60):02d}s"
+
+    def _say(self, line: str) -> None:
+        if not self._quiet and not self._live:
+            elapsed = time.monotonic() - self._started
+            print(f"[{int(elapsed // 60):02d}:{elapsed % 60:04.1f}] {line}", file=self._stream, flush=True)
+
+
+def print_fleet_summary(report: dict) -> None:
+    """The matrix's final summary on stdout: one line per pair, then the totals (plain text, CI-readable)."""
+    from edgeopt.reporting.fleet import summary_lines
+
+    for line in summary_lines(report):
+        print(line)
 
 
 def print_targets(found: list, host) -> None:

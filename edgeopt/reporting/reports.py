@@ -92,3 +92,26 @@ class OptimizeReport(_Report):
     versions: dict
     chosen_files: list[str] | None = _optional()
     devices: list[dict] | None = _optional()  # with --device: the pool that measured the candidates
+
+
+@dataclass
+class FleetReport(_Report):
+    """``edgeopt fleet``'s matrix: every (model, target) pair's verdict, and where and under what load each
+    build and host measurement ran (``events``; ``slot_overlaps`` counts measurements that overlapped a build on
+    the same machine: 0 when the measurement slots held)."""
+
+    kind = "fleet"
+
+    fleet: str  # the fleet file
+    executor: dict  # name (local | ray), address, nodes, build_slots
+    exit_code: int  # the worst pair's
+    models: list[str]
+    targets: list[str]
+    pairs: list[dict]  # fleet.run.PairResult.describe()
+    events: list[dict]  # fleet.slots.SlotEvent.describe(), by start time
+    slot_overlaps: int
+    measuring: dict
+    cache: str
+    seconds: float
+    host: dict
+    versions: dict
