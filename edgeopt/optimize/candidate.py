@@ -33,6 +33,7 @@ class Candidate:
     notes: list[str] = field(default_factory=list)
     built: str | None = None  # the precision label of what was built (e.g. "int4/int8 weights")
     reused: dict[str, bool] = field(default_factory=lambda: {"artifact": False, "measurement": False})
+    evaluation: tuple | None = field(default=None, repr=False)  # (original, artifact) evaluate.Quality, once built
 
     @property
     def measured(self) -> bool:

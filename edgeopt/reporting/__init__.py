@@ -12,7 +12,8 @@ def write_reports(report: dict, folder: Path) -> list[Path]:
     from edgeopt.reporting import html, markdown, plots
 
     figures = {"latency histograms": ("latency.png", plots.latency_histograms(report)),
-               "size vs latency vs accuracy": ("tradeoff.png", plots.tradeoff(report))}
+               "size vs latency vs accuracy": ("tradeoff.png", plots.tradeoff(report)),
+               "Pareto front": ("pareto.png", plots.pareto_front(report))}
     figures = {title: (name, png) for title, (name, png) in figures.items() if png}
     written = []
     for name, png in figures.values():
