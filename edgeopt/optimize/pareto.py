@@ -197,12 +197,13 @@ def search_pareto(model: str, calibration: str, eval_data: str, target: Target, 
         precision, recipe = suggest(trial, space)
         candidate = _evaluate(builder, latency, _label(trial.number), precision, recipe)
         trials.append((trial.number, candidate))
+        # skip_if_finished: a concurrent run on the same study may have marked this trial interrupted
         if candidate.skipped:
             trial.set_user_attr("skipped", candidate.skipped)
-            study.tell(trial, state=TrialState.FAIL)
+            study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
         else:
             trial.set_user_attr("constraints", list(constraints(candidate).values()))
-            study.tell(trial, _values(candidate, latency, gate))
+            study.tell(trial, _values(candidate, latency, gate), skip_if_finished=True)
     candidates = [candidate for _, candidate in trials]
     rows = [_trial_row(number, candidate, latency, gate) for number, candidate in trials]
     front = _front([row for row in rows if row["feasible"]])
