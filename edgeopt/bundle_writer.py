@@ -20,7 +20,7 @@ from edgeopt.atomic import atomic_file
 from edgeopt.device.bundle_reader import MANIFEST, canonical_json, check_manifest, check_member_name
 from edgeopt.device.signature import SIGNATURE
 from edgeopt.errors import BadInputError
-from edgeopt.export import sha256
+from edgeopt.file_digest import sha256_file
 
 COMPRESS_LEVEL = 9
 
@@ -29,7 +29,7 @@ def file_entry(source: bytes | Path) -> dict:
     """Size and sha256 of a file's content (bytes, or a file read in chunks)."""
     if isinstance(source, bytes):
         return {"bytes": len(source), "sha256": hashlib.sha256(source).hexdigest()}
-    return {"bytes": Path(source).stat().st_size, "sha256": sha256(Path(source))}
+    return {"bytes": Path(source).stat().st_size, "sha256": sha256_file(Path(source))}
 
 
 def write_bundle(out: str | Path, manifest: dict, files: dict[str, bytes | Path],

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from edgeopt.errors import first_line
+from edgeopt.file_digest import sha256_file
 from edgeopt.formats import FORMATS
 from edgeopt.passes.base import WorkingModel
 
@@ -34,7 +34,7 @@ class Artifact:
             return str(p.relative_to(relative_to)) if relative_to else str(p)
 
         return {"format": self.format, "path": rel(self.path), "precision": self.precision, "bytes": self.bytes,
-                "files": {rel(f): {"bytes": f.stat().st_size, "sha256": sha256(f)} for f in self.files}}
+                "files": {rel(f): {"bytes": f.stat().st_size, "sha256": sha256_file(f)} for f in self.files}}
 
     def moved_to(self, folder: Path) -> "Artifact":
         """The same artifact once its folder has been renamed to ``folder``."""
@@ -91,13 +91,5 @@ def _write_failure(path: Path, exc: Exception) -> Exception:
     if "ios" in str(exc) or "stream" in str(exc).lower():
         return WriteError(path.parent, f"the runtime could not write the model ({first_line(exc, 120)})")
     return exc
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from edgeopt.export import sha256
+from edgeopt.file_digest import sha256_file
 from edgeopt.user_code import is_function_spec
 
 STATEMENT = "provenance.intoto.json"
@@ -35,7 +35,7 @@ def describe_inputs(model: str | Path, source, data: dict) -> dict:
 def _model_record(spec: str, source) -> dict:
     path = Path(spec.rpartition(":")[0] if is_function_spec(spec) else spec)
     files = [path, path.with_suffix(".bin")] if path.suffix.lower() == ".xml" else [path]
-    record = {"name": _name(spec), "files": ({p.name: sha256(p) for p in files if p.is_file()} if path.is_file()
+    record = {"name": _name(spec), "files": ({p.name: sha256_file(p) for p in files if p.is_file()} if path.is_file()
                                              else _folder_files(path))}
     record["weights_sha256"] = _weights_digest(source.torch_module) if source.kind == "torch" else None
     return record
@@ -44,7 +44,7 @@ def _model_record(spec: str, source) -> dict:
 def _data_record(spec, samples) -> dict:
     text = str(spec)
     path = Path(text.rpartition(":")[0] if is_function_spec(text) else text)
-    digest = folder_digest(path) if path.is_dir() else sha256(path)
+    digest = folder_digest(path) if path.is_dir() else sha256_file(path)
     return {"name": _name(text), "sha256": digest, "samples": len(samples), "samples_sha256": samples_digest(samples)}
 
 
@@ -55,7 +55,7 @@ def _name(spec: str) -> str:
 
 
 def _folder_files(folder: Path) -> dict[str, str]:
-    return {p.relative_to(folder).as_posix(): sha256(p) for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {p.relative_to(folder).as_posix(): sha256_file(p) for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def folder_digest(folder: Path) -> str:

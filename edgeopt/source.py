@@ -287,10 +287,7 @@ def torch_source(path: Path, module, example, input_shapes: dict, **extra) -> So
         names = list(input_shapes)  # positional: the shapes name the inputs
         example = tuple(torch.zeros(shape, dtype=t.dtype) for shape, t in zip(input_shapes.values(), example))
     elif input_shapes:
-        unknown = set(input_shapes) - set(names)
-        if unknown:
-            raise BadInputError(f"{path}: --input-shape names unknown input(s) {', '.join(sorted(unknown))}; "
-                                f"the model's inputs are {', '.join(names)}")
+        _check_names(path, names, input_shapes, "--input-shape")
         example = tuple(torch.zeros(input_shapes[n], dtype=t.dtype) if n in input_shapes else t
                         for n, t in zip(names, example))
     if input_shapes:
@@ -304,13 +301,17 @@ def torch_source(path: Path, module, example, input_shapes: dict, **extra) -> So
                        **extra)
 
 
+def _check_names(path: Path, names: list[str], given: dict, option: str) -> None:
+    """Every input named by ``option`` is one of the model's (``names``, in the model's order)."""
+    unknown = set(given) - set(names)
+    if unknown:
+        raise BadInputError(f"{path}: {option} names unknown input(s) {', '.join(sorted(unknown))}; "
+                            f"the model's inputs are {', '.join(names)}")
+
+
 def _with_batch_axes(path: Path, specs: list[TensorSpec], batch_axes: dict) -> list[TensorSpec]:
     """``specs`` with the batch axes given by the user (by input name) in place of the model's."""
-    known = {spec.name for spec in specs}
-    unknown = set(batch_axes) - known
-    if unknown:
-        raise BadInputError(f"{path}: --batch-axis names unknown input(s) {', '.join(sorted(unknown))}; "
-                            f"the model's inputs are {', '.join(sorted(known))}")
+    _check_names(path, [spec.name for spec in specs], batch_axes, "--batch-axis")
     resolved = []
     for spec in specs:
         axis = batch_axes.get(spec.name, spec.batch_axis if spec.shape else None)
@@ -334,11 +335,7 @@ def _check_runs(path: Path, module, example: tuple) -> None:
 
 
 def _resolve_shapes(path: Path, specs: list[TensorSpec], input_shapes: dict) -> list[TensorSpec]:
-    known = {spec.name for spec in specs}
-    unknown = set(input_shapes) - known
-    if unknown:
-        raise BadInputError(f"{path}: --input-shape names unknown input(s) {', '.join(sorted(unknown))}; "
-                            f"the model's inputs are {', '.join(sorted(known))}")
+    _check_names(path, [spec.name for spec in specs], input_shapes, "--input-shape")
     resolved = []
     for spec in specs:
         shape = input_shapes.get(spec.name, spec.shape)

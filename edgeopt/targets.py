@@ -48,7 +48,7 @@ from pathlib import Path
 from edgeopt.device.budgets import BUDGET_FIELDS, LATENCY_BUDGETS, SPREAD_BUDGETS, Budgets, check_budgets
 from edgeopt.device.host import HostInfo
 from edgeopt.device.runtime import PRECISIONS, RUNTIMES, RuntimeSettings
-from edgeopt.errors import BadInputError, first_line
+from edgeopt.errors import BadInputError
 from edgeopt.tomlio import read_toml
 
 MODEL_PRECISIONS = ("int8", "fp16", "fp32")

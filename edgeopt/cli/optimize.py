@@ -6,7 +6,6 @@ from pathlib import Path
 
 import click
 
-from edgeopt import jsonio
 from edgeopt.cli.gate_options import gate_options, quality_gate
 from edgeopt.cli.out_options import force_option, guard_outputs
 from edgeopt.errors import BudgetError, QualityGateError

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import click
 
-from edgeopt import jsonio
 from edgeopt.cli.out_options import force_option, guard_outputs
 from edgeopt.out_guard import input_bytes
 

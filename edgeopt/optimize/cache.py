@@ -23,6 +23,7 @@ from pathlib import Path
 from edgeopt import atomic, jsonio
 from edgeopt.device.formats import file_format, model_suffixes
 from edgeopt.errors import BadInputError, first_line
+from edgeopt.file_digest import sha256_file
 from edgeopt.user_code import is_function_spec
 
 def default_cache_dir() -> Path:
@@ -113,14 +114,6 @@ class Cache:
 
 
 CHECKSUMS = "checksums.json"
-
-
-def sha256_file(path: Path) -> str:
-    sha = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            sha.update(chunk)
-    return sha.hexdigest()
 
 
 def _payload_sha(data) -> str:

@@ -9,18 +9,13 @@ from dataclasses import dataclass
 
 from edgeopt.distillation import evaluate_loss, fine_tune
 from edgeopt.passes.base import PassContext, WorkingModel
-from edgeopt.passes.config import StepConfig, number
 from edgeopt.passes.registry import TORCH, register
-from edgeopt.passes.training import distill_config, loss_kind, plain_module, training_set
+from edgeopt.passes.training import FineTuneConfig, distill_config, loss_kind, plain_module, training_set
 
 
 @dataclass(frozen=True)
-class DistillStepConfig(StepConfig):
-    epochs: int = number(10, "[0, inf)")
-    lr: float = number(1e-3, "(0, inf)")
-    temperature: float = number(4.0, "(0, inf)")
-    alpha: float = number(0.7, "[0, 1]")  # weight of the soft (teacher) loss; 1 - alpha weighs the task loss
-    batch_size: int = number(64, "[1, inf)")
+class DistillStepConfig(FineTuneConfig):
+    """The shared fine-tuning settings, at their defaults."""
 
 
 @register("distill", DistillStepConfig, stage=TORCH,

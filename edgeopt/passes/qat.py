@@ -12,19 +12,16 @@ from dataclasses import dataclass
 from edgeopt.distillation import evaluate_loss, fine_tune
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.passes.base import PassContext, WorkingModel
-from edgeopt.passes.config import StepConfig, number
+from edgeopt.passes.config import number
 from edgeopt.passes.quantize import Preset, nncf_preset
 from edgeopt.passes.registry import TORCH, register
-from edgeopt.passes.training import distill_config, plain_module, training_set
+from edgeopt.passes.training import FineTuneConfig, distill_config, plain_module, training_set
 
 
 @dataclass(frozen=True)
-class QatConfig(StepConfig):
+class QatConfig(FineTuneConfig):
     epochs: int = number(3, "[0, inf)")
     lr: float = number(1e-5, "(0, inf)")
-    temperature: float = number(4.0, "(0, inf)")
-    alpha: float = number(0.7, "[0, 1]")
-    batch_size: int = number(64, "[1, inf)")
     preset: Preset = "performance"
     subset_size: int = number(300, "[1, inf)")
 

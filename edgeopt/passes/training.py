@@ -1,12 +1,25 @@
-"""What the PyTorch passes that fine-tune share: the trainable module, the training set, the distillation
-settings built from a step config's ``epochs`` / ``lr`` / ``temperature`` / ``alpha`` / ``batch_size``."""
+"""What the PyTorch passes that fine-tune share: the trainable module, the training set, and the distillation
+settings (``FineTuneConfig``: ``epochs`` / ``lr`` / ``temperature`` / ``alpha`` / ``batch_size``)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from edgeopt.distillation import DistillConfig, TrainingSet
 from edgeopt.errors import BadInputError
 from edgeopt.passes.base import PassContext, WorkingModel
-from edgeopt.passes.config import StepConfig
+from edgeopt.passes.config import StepConfig, number
+
+
+@dataclass(frozen=True)
+class FineTuneConfig(StepConfig):
+    """The distillation settings of a fine-tuning step; a step overrides the defaults it needs."""
+
+    epochs: int = number(10, "[0, inf)")
+    lr: float = number(1e-3, "(0, inf)")
+    temperature: float = number(4.0, "(0, inf)")
+    alpha: float = number(0.7, "[0, 1]")  # weight of the soft (teacher) loss; 1 - alpha weighs the task loss
+    batch_size: int = number(64, "[1, inf)")
 
 
 def plain_module(model: WorkingModel, step: str):
@@ -23,7 +36,7 @@ def plain_module(model: WorkingModel, step: str):
     return module
 
 
-def distill_config(ctx: PassContext, config: StepConfig) -> DistillConfig:
+def distill_config(ctx: PassContext, config: FineTuneConfig) -> DistillConfig:
     """The fine-tuning settings of ``config`` (its fields were range-checked when it was parsed)."""
     return DistillConfig(epochs=config.epochs, lr=float(config.lr), temperature=float(config.temperature),
                          alpha=float(config.alpha), batch_size=config.batch_size, seed=ctx.seed)

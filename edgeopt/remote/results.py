@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -13,6 +12,7 @@ from edgeopt.device.runtime import RuntimeSettings
 from edgeopt.device.stats import LatencyStats
 from edgeopt.device.validate import ValidationReport
 from edgeopt.errors import BadInputError, first_line
+from edgeopt.file_digest import sha256_file
 
 RESULT_SCHEMA = "edgeopt-device-result/1"
 
@@ -44,17 +44,6 @@ def check_bundle(data: dict, bundle: str | Path, source: str) -> None:
         raise BadInputError(f"{source}: measured on bundle {data['bundle']['file']} (sha256 "
                             f"{data['bundle']['sha256'][:16]}...), not {Path(bundle).name} (sha256 {sha[:16]}...); "
                             f"refused")
-
-
-def sha256_file(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    try:
-        with open(path, "rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
-    except OSError as exc:
-        raise BadInputError(f"{path}: cannot read ({first_line(exc)})") from exc
-    return digest.hexdigest()
 
 
 def to_report(data: dict, budgets: Budgets, *, device_note: str | None = None) -> ValidationReport:

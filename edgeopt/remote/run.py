@@ -31,7 +31,8 @@ from edgeopt.device.validate import ValidationReport
 from edgeopt.errors import BadInputError, DeviceError, first_line
 from edgeopt.jsonio import dumps
 from edgeopt.remote.devices import Device
-from edgeopt.remote.results import checked, sha256_file, to_report
+from edgeopt.file_digest import sha256_file
+from edgeopt.remote.results import checked, to_report
 from edgeopt.remote.ssh import SSH_FAILED, DeviceLost, Ssh
 from edgeopt.targets import Target
 

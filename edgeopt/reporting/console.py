@@ -3,7 +3,6 @@ stderr, and JSON for machines (``emit``)."""
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
