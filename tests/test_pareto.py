@@ -149,11 +149,12 @@ def test_pareto_is_at_least_as_good_as_the_staged_plan_and_draws_its_front(resne
     assert all(t["constraints"] is not None and t["values"] is not None for t in trials if not t["skipped"])
     assert all(t["feasible"] == by_label[t["label"]]["passed"] for t in trials)
     assert found["pareto"]["front"] and all(by_label[label]["passed"] for label in found["pareto"]["front"])
-    # the starting points are the plan's candidates: the same cache entries, not built again
-    first = {c["recipe"]: c for c in found["candidates"][:3]}
-    for candidate in (c for c in plan["candidates"] if not c["skipped"]):
-        assert first[candidate["recipe"]]["reused"] == {"artifact": True, "measurement": True}
-        assert first[candidate["recipe"]]["figures"] == candidate["figures"]
+    # the starting points are the plan's baseline and cheap wins: the same cache entries, not built again
+    planned = [c for c in plan["candidates"] if c["stage"] in ("baseline", "cheap wins")]
+    for started, candidate in zip(found["candidates"][:3], planned, strict=True):
+        assert started["precision"] == candidate["precision"] and started["file_bytes"] == candidate["file_bytes"]
+        assert started["reused"] == {"artifact": True, "measurement": True}
+        assert started["figures"] == candidate["figures"]
     assert (root / "pareto" / "pareto.png").read_bytes().startswith(PNG_MAGIC)
     html = (root / "pareto" / "report.html").read_text()
     src = html.split("alt='Pareto front' src='data:image/png;base64,")[1].split("'")[0]
