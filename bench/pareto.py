@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import edgeopt  # noqa: E402
+from edgeopt.api import optimize  # noqa: E402  (edgeopt.optimize is shadowed by the subpackage once it is imported)
 from edgeopt.cli.streams import library_output  # noqa: E402
 from edgeopt.device.host import host_info  # noqa: E402
 from edgeopt.device.measure import time_interleaved  # noqa: E402
@@ -62,9 +62,9 @@ def main() -> None:
                                                      ParetoSearch(args.trials, args.sampler))):
             started = time.perf_counter()
             with library_output(quiet=True):
-                results[name] = edgeopt.optimize(model, calib, evaluation, target=target, out=Path(tmp) / name,
-                                                 cache_dir=Path(tmp) / f"cache-{len(results)}", measuring=measuring,
-                                                 pareto=pareto)
+                results[name] = optimize(model, calib, evaluation, target=target, out=Path(tmp) / name,
+                                         cache_dir=Path(tmp) / f"cache-{len(results)}", measuring=measuring,
+                                         pareto=pareto)
             seconds[name] = time.perf_counter() - started
         objective = next(iter(results.values())).objective
         print(f"\n== {args.sample} for {target.name}: objective {objective}; "
