@@ -17,6 +17,7 @@ from edgeopt import atomic
 from edgeopt.device.golden import load_golden
 from edgeopt.device.task_metric import MetricSpec
 from edgeopt.device.validate import ValidationReport
+from edgeopt.errors import BadInputError
 from edgeopt.evaluate import QualityGate
 from edgeopt.pipeline import CompressResult, as_target, compress
 from edgeopt.targets import Measuring, Target, model_in, validate_on
@@ -48,21 +49,30 @@ def optimize(model: str | Path, calibration: str | Path, eval_data: str | Path, 
              plan: str | Path | None = None, cache_dir: str | Path | None = None,
              measuring: Measuring = Measuring(), input_shapes: dict | None = None, seed: int = 0,
              progress: Callable | None = None, pool=None, warn: Callable[[str], None] | None = None,
-             executor=None):
+             executor=None, pareto=None):
     """Search the plan for the best artifact ``target`` accepts; write it (when one passes) with report.json,
     report.md, report.html and the figures into ``out`` atomically. Returns the ``OptimizeResult``; its
     ``verdict`` says found / budgets / quality. ``pool``: an ``edgeopt.remote.pool.DevicePool`` that measures the
     candidates on devices; ``warn`` hears the cache's warnings; ``executor`` (``edgeopt.optimize.executor``) runs
-    the builds and host measurements (default: here, in order)."""
+    the builds and host measurements (default: here, in order). ``pareto``
+    (``edgeopt.optimize.pareto.ParetoSearch``): a multi-objective Optuna search instead of the plan."""
     from edgeopt.optimize.cache import Cache, default_cache_dir
     from edgeopt.optimize.search import search
     from edgeopt.reporting import write_reports
 
     profile = as_target(target)
-    result = search(str(model), str(calibration), str(eval_data), profile, gate=gate or QualityGate(),
-                    cache=Cache(cache_dir or default_cache_dir(), **({"warn": warn} if warn else {})), plan=plan,
-                    measuring=measuring, objective=objective or profile.objective, input_shapes=input_shapes,
-                    seed=seed, pool=pool, executor=executor, **({"progress": progress} if progress else {}))
+    common = dict(gate=gate or QualityGate(), measuring=measuring, objective=objective or profile.objective,
+                  cache=Cache(cache_dir or default_cache_dir(), **({"warn": warn} if warn else {})),
+                  input_shapes=input_shapes, seed=seed, **({"progress": progress} if progress else {}))
+    if pareto is not None:
+        from edgeopt.optimize.pareto import search_pareto
+
+        if plan is not None or pool is not None:
+            raise BadInputError("the Pareto search takes no plan and measures on this host (no device pool)")
+        result = search_pareto(str(model), str(calibration), str(eval_data), profile, settings=pareto, **common)
+    else:
+        result = search(str(model), str(calibration), str(eval_data), profile, plan=plan, pool=pool,
+                        executor=executor, **common)
     with atomic.atomic_dir(out) as tmp:
         if result.chosen:
             result.chosen_files = list(result.chosen.validation["files"])

@@ -25,6 +25,13 @@ from edgeopt.targets import OBJECTIVES
               help="Among candidates that pass, pick the lowest of this figure (near-ties: the smaller file). "
                    "Default: the profile's model.objective, else p50_ms.")
 @click.option("--plan", default=None, help="Search plan .toml (default: edgeopt/optimize/plan.toml).")
+@click.option("--search", "search_kind", type=click.Choice(("staged", "pareto")), default="staged", show_default=True,
+              help="staged: the plan's stages in order; pareto: a multi-objective Optuna search over recipe "
+                   "parameters (latency, size, quality), resumable from the cache (pip install 'edgeopt[search]').")
+@click.option("--trials", default=None, type=click.IntRange(min=1),
+              help="--search pareto: trials in all, stored ones included (default 24).")
+@click.option("--sampler", type=click.Choice(("nsga2", "tpe")), default=None,
+              help="--search pareto: Optuna's NSGA-II (default) or TPE sampler.")
 @click.option("--cache", "cache_dir", default=None, type=click.Path(),
               help="Cache of built candidates and measurements (default: $EDGEOPT_CACHE or ~/.cache/edgeopt).")
 @click.option("--runs", default=300, show_default=True, type=click.IntRange(min=1),
@@ -43,8 +50,8 @@ from edgeopt.targets import OBJECTIVES
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 @force_option
 def optimize(model, target, calibration, eval_data, out, max_drop, min_cosine, min_token_agreement,
-             max_perplexity_ratio, objective, plan, cache_dir, runs, warmup, min_seconds, input_shapes, device_specs,
-             require_device, seed, json_out, quiet, force, gate_outputs, metric, max_rel_drop):
+             max_perplexity_ratio, objective, plan, search_kind, trials, sampler, cache_dir, runs, warmup, min_seconds,
+             input_shapes, device_specs, require_device, seed, json_out, quiet, force, gate_outputs, metric, max_rel_drop):
     """Find the best artifact of MODEL for a device: measure the baseline, then try the plan's stages in order
     (FP16/INT8, accuracy-controlled INT8, weight compression, pruning + distillation) until one meets every
     budget of the profile and the quality gate.
@@ -61,6 +68,7 @@ def optimize(model, target, calibration, eval_data, out, max_drop, min_cosine, m
     from edgeopt.cli.streams import warn
     from edgeopt.device.host import host_info
 
+    pareto = _pareto_settings(search_kind, trials, sampler)
     guard_outputs(out, force, needs_bytes=3 * input_bytes(model), json_out=json_out)
     profile = load_target(target)
     gate = quality_gate(max_drop, min_cosine, min_token_agreement, max_perplexity_ratio, gate_outputs, metric,
@@ -80,7 +88,7 @@ def optimize(model, target, calibration, eval_data, out, max_drop, min_cosine, m
         result = run_optimize(model, calibration, eval_data, target=profile, out=out, gate=gate, objective=objective,
                               plan=plan, cache_dir=cache_dir, measuring=Measuring(runs, warmup, min_seconds),
                               input_shapes=parse_input_shapes(input_shapes), seed=seed, progress=progress.event,
-                              pool=pool, warn=warn)
+                              pool=pool, warn=warn, pareto=pareto)
     report = result.describe() | ({"devices": pool.describe()} if pool else {})
     emit(report, lambda: print_optimize_result(report, Path(out)), json_out, quiet)
     where = f"report: {Path(out) / 'report.md'}"
@@ -96,3 +104,16 @@ def optimize(model, target, calibration, eval_data, out, max_drop, min_cosine, m
     if result.verdict == "quality":
         failed = "; ".join(f"{c.label}: {c.gate_check}" for c in result.candidates if c.gate_passed is False)
         raise QualityGateError(f"no candidate passes the quality gate ({failed or 'none was built'}); {where}")
+
+
+def _pareto_settings(search_kind: str, trials: int | None, sampler: str | None):
+    """``ParetoSearch`` for ``--search pareto`` (else ``None``); its options without it are usage errors."""
+    from edgeopt.errors import BadInputError
+
+    if search_kind == "staged":
+        if trials is not None or sampler is not None:
+            raise BadInputError("--trials and --sampler belong to --search pareto")
+        return None
+    from edgeopt.optimize.pareto import ParetoSearch
+
+    return ParetoSearch(**{k: v for k, v in (("trials", trials), ("sampler", sampler)) if v is not None})

@@ -35,6 +35,7 @@ class Candidate:
     built: str | None = None  # the precision label of what was built (e.g. "int4/int8 weights")
     repair: dict | None = None  # what int8_repair did (its decision in the compress report), when it ran
     reused: dict[str, bool] = field(default_factory=lambda: {"artifact": False, "measurement": False})
+    evaluation: tuple | None = field(default=None, repr=False)  # (original, artifact) evaluate.Quality, once built
 
     @property
     def measured(self) -> bool:

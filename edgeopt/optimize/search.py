@@ -43,9 +43,10 @@ class OptimizeResult:
     closest: Candidate | None
     emulation_note: str | None
     cache_dir: Path
-    plan: Path
+    plan: Path | str  # the plan file, or what searched instead of one
     inputs: dict = field(default_factory=dict)
     chosen_files: list[str] = field(default_factory=list)  # the chosen artifact's files, as written to --out
+    pareto: dict | None = None  # with --search pareto: the study and its trials (edgeopt.optimize.pareto)
 
     @property
     def verdict(self) -> str:
@@ -75,6 +76,7 @@ class OptimizeResult:
             "host": host_info().describe(),
             "versions": tool_versions(),
             "chosen_files": self.chosen_files or None,
+            "pareto": self.pareto,
         })
 
 
@@ -86,31 +88,12 @@ def search(model: str, calibration: str, eval_data: str, target: Target, *, gate
     """Run the plan's stages for ``target``; ``progress(candidate, event)`` hears what happens to each one.
     ``pool`` (``edgeopt.remote.pool.DevicePool``): measure on real devices, in parallel with the next builds.
     ``executor`` (``edgeopt.optimize.executor``): where builds and host measurements run (default: here)."""
-    if objective not in OBJECTIVES:
-        raise BadInputError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
-    from edgeopt.pipeline import with_metric
-
     stages = load_plan(plan)
-    gate = with_metric(gate, Recipe(()), target)
-    shapes = {**target.input_shapes, **(input_shapes or {})}
-    source = load_model(model, shapes, target.batch_axes)  # bad inputs fail here, before any work
-    load_samples(calibration, source.inputs, source.tokenizer)
-    load_samples(eval_data, source.inputs, source.tokenizer)
-    fmt = format_for_runtime(target.settings.runtime).name
-    inputs = {"model": files_digest(model), "calibration": files_digest(calibration),
-              "evaluation": files_digest(eval_data), "input_shapes": {k: list(v) for k, v in shapes.items()},
-              "batch_axes": dict(target.batch_axes), "seed": seed, "format": fmt, "versions": tool_versions(),
-              # passes see the target and the gate (weights mode=auto, int8_ac's allowed drop)
-              "target": target.describe(), "gate": {"max_drop": gate.max_drop, "min_cosine": gate.min_cosine,
-                                                   **_metric_key(gate)}}
-    emulation = None if pool else plan_emulation(target, host_info())
-    measure_key = digest({"settings": (emulation.settings if emulation else target.settings).describe(),
-                          "cpus": emulation.cpus if emulation else None,
-                          "max_isa": emulation.max_isa if emulation else None, "runs": measuring.runs,
-                          "warmup": measuring.warmup, "min_seconds": float(measuring.min_seconds),
-                          "host": host_info().cpu_model})
-    builder = _Builder(model, calibration, eval_data, target, gate, cache, measuring, shapes, seed, fmt, inputs,
-                       measure_key, progress, emulation, pool, executor or Inline())
+    builder, source = prepare(model, calibration, eval_data, target, gate=gate, cache=cache, measuring=measuring,
+                              objective=objective, input_shapes=input_shapes, seed=seed, pool=pool, progress=progress,
+                              executor=executor)
+    gate = builder.gate
+    emulation = builder.emulation
     candidates: list[Candidate] = []
     stages_run = []
     # Devices measure while this host builds the next candidate; here, measuring waits for a quiet host.
@@ -152,6 +135,38 @@ def _metric_key(gate: QualityGate) -> dict:
     return {"metric": gate.metric.describe(), "metric_file": files_digest(gate.metric.name.rpartition(":")[0])}
 
 
+def prepare(model: str, calibration: str, eval_data: str, target: Target, *, gate: QualityGate, cache: Cache,
+            measuring: Measuring, objective: str, input_shapes: dict | None, seed: int, pool,
+            progress: Callable[[Candidate, str], None], executor: Executor | None = None):
+    """Check the inputs (bad ones fail here, before any work) and set up the ``Builder`` every search builds and
+    measures its candidates with; returns it and the loaded source model."""
+    if objective not in OBJECTIVES:
+        raise BadInputError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    from edgeopt.pipeline import with_metric
+
+    gate = with_metric(gate, Recipe(()), target)
+    shapes = {**target.input_shapes, **(input_shapes or {})}
+    source = load_model(model, shapes, target.batch_axes)
+    load_samples(calibration, source.inputs, source.tokenizer)
+    load_samples(eval_data, source.inputs, source.tokenizer)
+    fmt = format_for_runtime(target.settings.runtime).name
+    inputs = {"model": files_digest(model), "calibration": files_digest(calibration),
+              "evaluation": files_digest(eval_data), "input_shapes": {k: list(v) for k, v in shapes.items()},
+              "batch_axes": dict(target.batch_axes), "seed": seed, "format": fmt, "versions": tool_versions(),
+              # passes see the target and the gate (weights mode=auto, int8_ac's allowed drop)
+              "target": target.describe(), "gate": {"max_drop": gate.max_drop, "min_cosine": gate.min_cosine,
+                                                   **_metric_key(gate)}}
+    emulation = None if pool else plan_emulation(target, host_info())
+    measure_key = digest({"settings": (emulation.settings if emulation else target.settings).describe(),
+                          "cpus": emulation.cpus if emulation else None,
+                          "max_isa": emulation.max_isa if emulation else None, "runs": measuring.runs,
+                          "warmup": measuring.warmup, "min_seconds": float(measuring.min_seconds),
+                          "host": host_info().cpu_model})
+    builder = Builder(model, calibration, eval_data, target, gate, cache, measuring, shapes, seed, fmt, inputs,
+                      measure_key, progress, emulation, pool, executor or Inline())
+    return builder, source
+
+
 def _skip_reason(planned: PlannedCandidate, target: Target, source_kind: str, done: list[Candidate]) -> str | None:
     if planned.recipe.steps and planned.precision not in target.precisions:
         return f"{target.name} does not run {planned.precision} (it lists {', '.join(target.precisions)})"
@@ -166,7 +181,7 @@ def _skip_reason(planned: PlannedCandidate, target: Target, source_kind: str, do
 
 
 @dataclass
-class _Builder:
+class Builder:
     model: str
     calibration: str
     eval_data: str
@@ -223,6 +238,7 @@ class _Builder:
         candidate.cosine = quality.fidelity.cosine if quality.fidelity else None
         checked = self.gate.metric_check(original, quality)
         candidate.metric = checked.describe() if checked else None
+        candidate.evaluation = (original, quality)
         candidate.gate_passed, candidate.gate_check = self.gate.check(original, quality)
 
     def measure(self, candidate: Candidate) -> None:

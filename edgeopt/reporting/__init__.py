@@ -12,7 +12,8 @@ def write_reports(report: dict, folder: Path) -> list[Path]:
     from edgeopt.reporting import html, markdown, plots
 
     figures = {"latency histograms": ("latency.png", plots.latency_histograms(report)),
-               "size vs latency vs accuracy": ("tradeoff.png", plots.tradeoff(report))}
+               "size vs latency vs accuracy": ("tradeoff.png", plots.tradeoff(report)),
+               "Pareto front": ("pareto.png", plots.pareto_front(report))}
     repaired = next((c for c in report["candidates"] if c.get("repair")), None)
     if repaired:  # why INT8 lost accuracy, from the repair ladder's sensitivity analysis
         figures[f"worst layers ({repaired['label']})"] = ("worst_layers.png", plots.worst_layers(repaired["repair"]))

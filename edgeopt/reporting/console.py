@@ -228,6 +228,9 @@ def print_optimize_result(report: dict, out: Path) -> None:
             printer.print(table)
         elif section.kind == "verdict":
             printer.print(section.body, style="bold green" if report["verdict"] == "found" else "bold red")
+        elif section.kind == "fields" and section.key != "measured":
+            for key, value in section.body:
+                printer.print(f"{key}: {value}")
         elif section.kind == "fields":
             measured = [value for key, value in section.body if key.startswith("measured with")]
             printer.print(f"measured with: {measured[0]}" if measured else "nothing was measured")

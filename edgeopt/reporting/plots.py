@@ -99,6 +99,62 @@ def worst_layers(repair: dict, count: int = 15) -> bytes | None:
     return _png(fig, plt)
 
 
+def pareto_front(report: dict) -> bytes | None:
+    """The Pareto search's trials in two panels: latency vs file size (colour = quality loss) and latency vs
+    quality loss; the front joined by a step line, infeasible trials hollow, the chosen one starred, and the
+    budget and gate lines."""
+    pareto = report.get("pareto")
+    rows = [r for r in (pareto or {}).get("trials", []) if r["values"]]
+    if not rows:
+        return None
+    plt = _pyplot()
+    latency, _, quality = pareto["objectives"]
+    scale = 100 if quality == "top1_drop" else 1
+    quality_label = {"top1_drop": "top-1 drop, pp", "metric_drop": "task metric drop (towards worse)"}.get(
+        quality, "1 − cosine to the original")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5))
+    losses = [r["values"][2] * scale for r in rows]
+    norm = plt.Normalize(min(losses), max(max(losses), min(losses) + 1e-9))
+    front = sorted((r for r in rows if r["on_front"]), key=lambda r: r["values"][0])
+    for ax, y_index, y_scale in ((left, 1, 1), (right, 2, scale)):
+        for r in rows:
+            x, y = r["values"][0], r["values"][y_index] * y_scale
+            colour = plt.cm.viridis(norm(r["values"][2] * scale))
+            ax.scatter([x], [y], s=70, marker="o", color=colour if r["feasible"] else "none",
+                       edgecolors=colour if not r["feasible"] else "black", linewidths=1.5, zorder=3)
+            ax.annotate(r["label"], (x, y), fontsize=6, xytext=(4, -9), textcoords="offset points", color="#57606a")
+            if r["label"] == report["chosen"]:
+                ax.scatter([x], [y], s=420, marker="*", color="none", edgecolors=_COLOURS["chosen"], linewidths=2,
+                           zorder=4, label=f"chosen: {r['label']}")
+                ax.annotate(r["recipe"], (x, y), fontsize=7, xytext=(10, 10), textcoords="offset points")
+        if front:
+            ax.step([r["values"][0] for r in front], [r["values"][y_index] * y_scale for r in front], where="post",
+                    color="#57606a", linewidth=1, zorder=2, label="Pareto front (feasible)")
+        ax.set_xscale("log")
+        ax.set_xlabel(f"{latency.replace('_ms', '')} latency, ms (batch 1, log scale)")
+    budgets = report["target"]["budgets"]
+    for ax in (left, right):
+        if budgets.get(latency) is not None:
+            ax.axvline(budgets[latency], color="#cf222e", linewidth=1, linestyle="--", label=f"{latency} budget")
+    if budgets.get("max_file_mb") is not None:
+        left.axhline(budgets["max_file_mb"], color="#cf222e", linewidth=1, linestyle=":", label="max_file_mb budget")
+    gate = (report["gate"]["max_top1_drop"] * 100 if quality == "top1_drop" else
+            None if quality == "metric_drop" else 1 - report["gate"]["min_cosine"])  # a metric's bound is relative
+    if gate is not None:
+        right.axhline(gate, color="#cf222e", linewidth=1, linestyle=":", label="quality gate")
+    left.set_yscale("log")
+    left.set_ylabel("file size, MB (log scale)")
+    right.set_ylabel(quality_label)
+    left.set_title("latency vs size (colour: quality loss; hollow: infeasible)", fontsize=9)
+    right.set_title("latency vs quality", fontsize=9)
+    colourbar = fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap="viridis"), ax=right)
+    colourbar.set_label(quality_label, fontsize=8)
+    for ax in (left, right):
+        ax.legend(fontsize=7, loc="best")
+    fig.suptitle(_caption(report), fontsize=7, y=0.995)
+    return _png(fig, plt)
+
+
 def _status(report: dict, c: dict) -> str:
     if c["label"] == report["chosen"]:
         return "chosen"

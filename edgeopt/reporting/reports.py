@@ -92,6 +92,7 @@ class OptimizeReport(_Report):
     versions: dict
     chosen_files: list[str] | None = _optional()
     devices: list[dict] | None = _optional()  # with --device: the pool that measured the candidates
+    pareto: dict | None = _optional()  # with --search pareto: sampler, seed, budget, storage, every trial, the front
 
 
 @dataclass

@@ -167,6 +167,8 @@ def sections(report: dict) -> list[Section]:
     out.append(Section("candidates", "Candidates", "table",
                        (CANDIDATE_HEADERS, candidate_rows(report), "★ chosen · ◆ closest (no candidate passed). "
                         "Sizes in decimal KB/MB; latency in ms, batch 1."), console=True))
+    if report.get("pareto"):
+        out += pareto_sections(report)
     out.append(Section("budgets", "Budgets per candidate", "table",
                        (budget_headers(report), budget_rows(report), None)))
     out.append(Section("plots", "Plots", "figures", None))
@@ -176,6 +178,41 @@ def sections(report: dict) -> list[Section]:
     if notes:
         out.append(Section("notes", "Notes", "list", notes))
     return out
+
+
+PARETO_HEADERS = ("#", "trial", "recipe", "latency ms", "size", "quality loss", "feasible", "front", "cache")
+
+
+def pareto_sections(report: dict) -> list[Section]:
+    """The Pareto search: how it searched (console too) and every trial with its objectives and feasibility."""
+    pareto = report["pareto"]
+    latency, _, quality = pareto["objectives"]
+    lines = [("sampler", f"Optuna {pareto['sampler']}, seed {pareto['seed']}, {pareto['trials_budget']} trials "
+                         f"({pareto['trials_resumed']} from the stored study)"),
+             ("objectives (minimised)", f"{latency}, file size (MB), {quality}; constrained by every budget of "
+                                        f"the profile and the quality gate"),
+             ("searched", "; ".join(f"{name} {values}" for name, values in pareto["space"].items())),
+             ("not searched", "; ".join(pareto["not_searched"])),
+             ("Pareto front (feasible, non-dominated)", ", ".join(pareto["front"]) or "empty: no trial is feasible"),
+             ("study", pareto["storage"])]
+    rows = []
+    for t in pareto["trials"]:
+        values = t["values"]
+        failing = [name for name, value in (t["constraints"] or {}).items() if value > 0]
+        feasible = "yes" if t["feasible"] else (f"no: {', '.join(failing)}" if failing else
+                                                f"no: {t['skipped'] or 'not eligible'}")
+        loss = "-" if not values else (f"{values[2] * 100:+.2f} pp" if quality == "top1_drop" else f"{values[2]:.2e}")
+        cache = "reused" if t["reused"]["artifact"] and t["reused"]["measurement"] else (
+            "built" if not t["reused"]["artifact"] else "re-measured")
+        status = ("chosen" if t["label"] == report["chosen"] else "pass" if t["feasible"]
+                  else "skipped" if t["skipped"] else "fail")
+        rows.append(Row((str(t["number"]), t["label"], t["recipe"], _num(values[0]) if values else "-",
+                         size_text(round(values[1] * 1e6)) if values else "-", loss, feasible,
+                         "●" if t["on_front"] else "", cache), status))
+    return [Section("pareto", "Pareto search", "fields", lines, console=True),
+            Section("pareto_trials", "Pareto trials", "table",
+                    (PARETO_HEADERS, rows, "★ chosen (lowest objective among feasible trials, as the staged plan "
+                                           "chooses) · ● on the Pareto front"))]
 
 
 def marked(row: Row) -> tuple[str, ...]:
