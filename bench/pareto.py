@@ -26,13 +26,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from edgeopt.api import optimize  # noqa: E402  (edgeopt.optimize is shadowed by the subpackage once it is imported)
+from edgeopt.api import optimize  # noqa: E402
 from edgeopt.cli.streams import library_output  # noqa: E402
 from edgeopt.device.host import host_info  # noqa: E402
 from edgeopt.device.measure import time_interleaved  # noqa: E402
 from edgeopt.device.runtime import RuntimeSettings, open_session, random_feeds, runtime_version  # noqa: E402
 from edgeopt.device.stats import latency_stats  # noqa: E402
-from edgeopt.optimize.pareto import ParetoSearch  # noqa: E402
+from edgeopt.optimization.pareto import ParetoSearch  # noqa: E402
 from edgeopt.targets import Measuring, load_target  # noqa: E402
 
 SAMPLES = {

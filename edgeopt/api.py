@@ -53,11 +53,11 @@ def optimize(model: str | Path, calibration: str | Path, eval_data: str | Path, 
     """Search the plan for the best artifact ``target`` accepts; write it (when one passes) with report.json,
     report.md, report.html and the figures into ``out`` atomically. Returns the ``OptimizeResult``; its
     ``verdict`` says found / budgets / quality. ``pool``: an ``edgeopt.remote.pool.DevicePool`` that measures the
-    candidates on devices; ``warn`` hears the cache's warnings; ``executor`` (``edgeopt.optimize.executor``) runs
+    candidates on devices; ``warn`` hears the cache's warnings; ``executor`` (``edgeopt.optimization.executor``) runs
     the builds and host measurements (default: here, in order). ``pareto``
-    (``edgeopt.optimize.pareto.ParetoSearch``): a multi-objective Optuna search instead of the plan."""
-    from edgeopt.optimize.cache import Cache, default_cache_dir
-    from edgeopt.optimize.search import search
+    (``edgeopt.optimization.pareto.ParetoSearch``): a multi-objective Optuna search instead of the plan."""
+    from edgeopt.optimization.cache import Cache, default_cache_dir
+    from edgeopt.optimization.search import search
     from edgeopt.reporting import write_reports
 
     profile = as_target(target)
@@ -65,7 +65,7 @@ def optimize(model: str | Path, calibration: str | Path, eval_data: str | Path, 
                   cache=Cache(cache_dir or default_cache_dir(), **({"warn": warn} if warn else {})),
                   input_shapes=input_shapes, seed=seed, **({"progress": progress} if progress else {}))
     if pareto is not None:
-        from edgeopt.optimize.pareto import search_pareto
+        from edgeopt.optimization.pareto import search_pareto
 
         if plan is not None or pool is not None:
             raise BadInputError("the Pareto search takes no plan and measures on this host (no device pool)")

@@ -89,3 +89,16 @@ def test_pass_rules_live_in_passes():
 def test_passes_package_holds_no_logic():
     tree = ast.parse((PACKAGE / "passes" / "__init__.py").read_text(encoding="utf-8"))
     assert all(isinstance(node, ast.Expr) for node in tree.body)  # a docstring only
+
+
+def test_public_names_are_not_shadowed_by_subpackages():
+    """``edgeopt.compress`` / ``validate`` / ``optimize`` stay the API functions after every subpackage is
+    imported (a subpackage of the same name would replace the attribute on import)."""
+    import importlib
+
+    import edgeopt
+
+    for path in PACKAGE.rglob("__init__.py"):
+        importlib.import_module(".".join(("edgeopt", *path.parent.relative_to(PACKAGE).parts)))
+    for name in ("compress", "validate", "optimize"):
+        assert callable(getattr(edgeopt, name)), f"edgeopt.{name} is {getattr(edgeopt, name)!r}"

@@ -7,7 +7,7 @@ import pytest
 
 from edgeopt.device.budgets import BudgetCheck
 from edgeopt.errors import BadInputError
-from edgeopt.optimize.candidate import TIE_TOLERANCE, Candidate, choose, closest
+from edgeopt.optimization.candidate import TIE_TOLERANCE, Candidate, choose, closest
 
 
 def candidate(label, p50, file_bytes, *, gate=True, eligible=True, over=(), measured=True) -> Candidate:

@@ -308,7 +308,7 @@ def test_damaged_cache_entry_is_dropped_with_a_warning_and_rebuilt(damage, built
     assert candidate["reused"] == {"artifact": not rebuilt, "measurement": False}
     shipped = tmp_path / "out" / "model.bin"
     assert shipped.read_bytes() == (root / "out" / "model.bin").read_bytes()  # the rebuilt artifact, byte-identical
-    from edgeopt.optimize.cache import _entry_problem
+    from edgeopt.optimization.cache import _entry_problem
 
     assert _entry_problem(entry) is None  # the entry is whole again
 
@@ -379,7 +379,7 @@ def test_missing_extra_profile_folder_is_a_one_line_warning(tmp_path, monkeypatc
 
 def test_json_writers_refuse_nan_and_write_null(tmp_path):
     from edgeopt import jsonio
-    from edgeopt.optimize.cache import Cache
+    from edgeopt.optimization.cache import Cache
 
     text = jsonio.dumps({"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": -float("inf")}})
     assert json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in JSON")) == \

@@ -239,7 +239,7 @@ def test_custom_op_is_one_line_exit_2_naming_node_and_op(cli, tmp_path):
 
 
 def test_optimize_never_picks_int8_slower_than_float():
-    from edgeopt.optimize.candidate import Candidate, choose
+    from edgeopt.optimization.candidate import Candidate, choose
 
     def measured(label, precision, p50, size):
         return Candidate(label, "stage", precision, label, eligible=True, file_bytes=size, gate_passed=True,

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from conftest import DIGITS_CALIB, DIGITS_EVAL, DIGITS_MODEL
 from edgeopt.device.runtime import open_session, random_feeds
 from edgeopt.errors import BadInputError
-from edgeopt.optimize.plan import load_plan
+from edgeopt.optimization.plan import load_plan
 
 FEW_RUNS = ("--runs", "30", "--warmup", "5", "--min-seconds", "0")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

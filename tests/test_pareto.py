@@ -14,10 +14,10 @@ from optuna.trial import FixedTrial
 from conftest import ROOT, report_schema_errors
 from edgeopt.errors import BadInputError
 from edgeopt.evaluate import Fidelity, Quality, QualityGate
-from edgeopt.optimize.candidate import TIE_TOLERANCE
-from edgeopt.optimize.pareto import (PRECISION_CHOICES, ParetoSearch, Space, _front, _sampler, quality_loss,
+from edgeopt.optimization.candidate import TIE_TOLERANCE
+from edgeopt.optimization.pareto import (PRECISION_CHOICES, ParetoSearch, Space, _front, _sampler, quality_loss,
                                      suggest)
-from edgeopt.optimize.plan import load_plan
+from edgeopt.optimization.plan import load_plan
 
 RESNET = f"{ROOT / 'samples' / 'resnet_digits' / 'model.py'}:build"
 RESNET_CALIB = f"{ROOT / 'samples' / 'resnet_digits' / 'datasets.py'}:calib"

@@ -36,7 +36,7 @@ def fleet(fleet_file, out, executor_spec, cache_dir, json_out, quiet, force):
     from edgeopt.fleet.executors import make_executor
     from edgeopt.fleet.run import run_fleet
     from edgeopt.fleet.spec import load_fleet
-    from edgeopt.optimize.cache import default_cache_dir
+    from edgeopt.optimization.cache import default_cache_dir
     from edgeopt.reporting.console import FleetProgress, emit, print_fleet_summary
 
     guard_outputs(out, force, json_out=json_out)

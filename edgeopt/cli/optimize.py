@@ -24,7 +24,7 @@ from edgeopt.targets import OBJECTIVES
 @click.option("--objective", type=click.Choice(OBJECTIVES), default=None,
               help="Among candidates that pass, pick the lowest of this figure (near-ties: the smaller file). "
                    "Default: the profile's model.objective, else p50_ms.")
-@click.option("--plan", default=None, help="Search plan .toml (default: edgeopt/optimize/plan.toml).")
+@click.option("--plan", default=None, help="Search plan .toml (default: edgeopt/optimization/plan.toml).")
 @click.option("--search", "search_kind", type=click.Choice(("staged", "pareto")), default="staged", show_default=True,
               help="staged: the plan's stages in order; pareto: a multi-objective Optuna search over recipe "
                    "parameters (latency, size, quality), resumable from the cache (pip install 'edgeopt[search]').")
@@ -75,7 +75,7 @@ def optimize(model, target, calibration, eval_data, out, max_drop, min_cosine, m
                         max_rel_drop)
     pool = None
     if device_specs:
-        from edgeopt.optimize.cache import Cache, default_cache_dir
+        from edgeopt.optimization.cache import Cache, default_cache_dir
         from edgeopt.remote.pool import DevicePool
 
         pool = DevicePool(list(device_specs), profile, Cache(cache_dir or default_cache_dir(), warn=warn))
@@ -114,6 +114,6 @@ def _pareto_settings(search_kind: str, trials: int | None, sampler: str | None):
         if trials is not None or sampler is not None:
             raise BadInputError("--trials and --sampler belong to --search pareto")
         return None
-    from edgeopt.optimize.pareto import ParetoSearch
+    from edgeopt.optimization.pareto import ParetoSearch
 
     return ParetoSearch(**{k: v for k, v in (("trials", trials), ("sampler", sampler)) if v is not None})

@@ -18,7 +18,7 @@ from edgeopt.errors import BudgetError, DeviceError, EdgeoptError, QualityGateEr
 from edgeopt.fleet.slots import overlaps
 from edgeopt.fleet.spec import FleetModel, FleetSpec, FleetTarget
 from edgeopt.file_digest import sha256_file
-from edgeopt.optimize.cache import Cache, digest
+from edgeopt.optimization.cache import Cache, digest
 from edgeopt.reporting.reports import FleetReport
 
 # worst last: a bug, then bad input, then no device figures, then quality, then budgets

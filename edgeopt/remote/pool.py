@@ -10,7 +10,7 @@ from pathlib import Path
 
 from edgeopt.device.validate import ValidationReport
 from edgeopt.errors import BadInputError, DeviceError
-from edgeopt.optimize.cache import Cache, digest, files_digest
+from edgeopt.optimization.cache import Cache, digest, files_digest
 from edgeopt.remote.check import Readiness
 from edgeopt.remote.devices import Device, load_device
 from edgeopt.remote.results import to_report

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from edgeopt.device.budgets import BUDGET_FIELDS
-from edgeopt.optimize.candidate import TIE_TOLERANCE
+from edgeopt.optimization.candidate import TIE_TOLERANCE
 
 CANDIDATE_HEADERS = ("stage", "candidate", "precision", "recipe", "size", "p50 ms", "p95 ms", "p99 ms", "CV",
                      "peak RSS", "top-1 drop", "quality gate", "budgets", "cache")

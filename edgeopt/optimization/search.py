@@ -19,10 +19,10 @@ from edgeopt.data import load_samples
 from edgeopt.device.host import host_info
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.evaluate import Quality, QualityGate
-from edgeopt.optimize.cache import Cache, digest, files_digest
-from edgeopt.optimize.candidate import Candidate, choose, closest
-from edgeopt.optimize.executor import Executor, Inline
-from edgeopt.optimize.plan import DEFAULT_PLAN, PlannedCandidate, load_plan
+from edgeopt.optimization.cache import Cache, digest, files_digest
+from edgeopt.optimization.candidate import Candidate, choose, closest
+from edgeopt.optimization.executor import Executor, Inline
+from edgeopt.optimization.plan import DEFAULT_PLAN, PlannedCandidate, load_plan
 from edgeopt.device.formats import format_for_runtime
 from edgeopt.recipe import Recipe
 from edgeopt.reporting.reports import CompressReport, OptimizeReport
@@ -46,7 +46,7 @@ class OptimizeResult:
     plan: Path | str  # the plan file, or what searched instead of one
     inputs: dict = field(default_factory=dict)
     chosen_files: list[str] = field(default_factory=list)  # the chosen artifact's files, as written to --out
-    pareto: dict | None = None  # with --search pareto: the study and its trials (edgeopt.optimize.pareto)
+    pareto: dict | None = None  # with --search pareto: the study and its trials (edgeopt.optimization.pareto)
 
     @property
     def verdict(self) -> str:
@@ -87,7 +87,7 @@ def search(model: str, calibration: str, eval_data: str, target: Target, *, gate
            executor: Executor | None = None) -> OptimizeResult:
     """Run the plan's stages for ``target``; ``progress(candidate, event)`` hears what happens to each one.
     ``pool`` (``edgeopt.remote.pool.DevicePool``): measure on real devices, in parallel with the next builds.
-    ``executor`` (``edgeopt.optimize.executor``): where builds and host measurements run (default: here)."""
+    ``executor`` (``edgeopt.optimization.executor``): where builds and host measurements run (default: here)."""
     stages = load_plan(plan)
     builder, source = prepare(model, calibration, eval_data, target, gate=gate, cache=cache, measuring=measuring,
                               objective=objective, input_shapes=input_shapes, seed=seed, pool=pool, progress=progress,

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from edgeopt.evaluate import Quality, QualityGate
 from edgeopt.errors import BadInputError
 from edgeopt.model_type import detect_model_type
-from edgeopt.optimize.cache import Cache, digest
-from edgeopt.optimize.candidate import Candidate, choose, closest
-from edgeopt.optimize.plan import PlannedCandidate
-from edgeopt.optimize.search import Builder, OptimizeResult, prepare
+from edgeopt.optimization.cache import Cache, digest
+from edgeopt.optimization.candidate import Candidate, choose, closest
+from edgeopt.optimization.plan import PlannedCandidate
+from edgeopt.optimization.search import Builder, OptimizeResult, prepare
 from edgeopt.recipe import Recipe, checked, make_step
 from edgeopt.targets import Measuring, Target
 
