@@ -196,6 +196,18 @@ def test_int8_ac_uses_the_metric_as_nncf_validation_fn(cli, tmp_path):
     assert check["passed"] and check["max_rel_drop"] == 0.01 and check["max_drop"] is None
 
 
+def test_repair_judges_its_rungs_by_the_metric(cli, tmp_path):
+    """The repair ladder asks the same gate: with --metric every rung's verdict is the metric's."""
+    result = cli("compress", MODEL, "--calib", CALIB, "--eval", EVAL, "--metric", F1, "--max-rel-drop", "0.01",
+                 "--repair", "--format", "openvino", "--out", tmp_path / "out")
+    assert result.exit_code in (0, 3), result.output
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    repair = report["decisions"]["int8_repair"]
+    assert repair["rungs"] and all(f"metric {F1}" in rung["check"] for rung in repair["rungs"]), repair["rungs"]
+    check = report["quality"]["artifacts"]["openvino"]["metric_check"]
+    assert (result.exit_code == 0) == check["passed"] == (repair["passed_rung"] is not None)
+
+
 @pytest.mark.slow
 def test_optimize_judges_candidates_by_the_metric(cli, tmp_path):
     plan = tmp_path / "plan.toml"
