@@ -16,11 +16,20 @@ from edgeopt.data import SampleSet
 from edgeopt.evaluate import Outputs, Quality, QualityGate, all_outputs, language_model_ids, measure_outputs
 
 
-def compiled_predictor(ov_model):
-    """``predict(feeds) -> [output arrays]`` for an in-memory OpenVINO model, f32 pinned (as the gate runs)."""
+def compile_f32(ov_model):
+    """An in-memory OpenVINO model compiled for the CPU with f32 pinned (as the gate runs artifacts)."""
     import openvino as ov
 
-    compiled = ov.Core().compile_model(ov_model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    return ov.Core().compile_model(ov_model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+
+
+def compiled_predictor(ov_model):
+    """``predict(feeds) -> [output arrays]`` for an in-memory OpenVINO model, f32 pinned (as the gate runs)."""
+    return predictor(compile_f32(ov_model))
+
+
+def predictor(compiled):
+    """``predict(feeds) -> [output arrays]`` of a compiled OpenVINO model, in the model's output order."""
     request = compiled.create_infer_request()
 
     def predict(feeds: dict) -> list[np.ndarray]:

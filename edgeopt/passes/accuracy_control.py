@@ -15,7 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgeopt.errors import BadInputError, first_line
-from edgeopt.evaluate import QualityGate, all_outputs, compare_outputs, labelled_output, output_names
+from edgeopt.data import SampleSet
+from edgeopt.evaluate import Outputs, QualityGate, all_outputs, compare_outputs, labelled_output
+from edgeopt.judge import compiled_predictor, predictor
 from edgeopt.passes.base import PassContext, WorkingModel
 from edgeopt.passes.config import StepConfig, number
 from edgeopt.passes.quantize import Preset, nncf_preset
@@ -75,7 +77,7 @@ def _output_validation(ov_model, gate: QualityGate, evaluation, names: list[str]
     """NNCF's ``validation_fn`` without a task metric: top-1 on the labelled output when there are labels, else
     the worst gated output's cosine to the FP32 model's. Also the metric's label and its allowed drop."""
     labels = evaluation.labels
-    reference = all_outputs(_predictor(_compile_f32(ov_model)), evaluation, names)
+    reference = all_outputs(compiled_predictor(ov_model), evaluation, names)
     labelled = labelled_output(reference, gate.outputs) if labels is not None else None
     gated = [i for i, name in enumerate(reference.names) if not gate.outputs or name in gate.outputs]
     if labelled is not None:
@@ -94,11 +96,8 @@ def _output_validation(ov_model, gate: QualityGate, evaluation, names: list[str]
                        for i in gated or range(len(outputs)))
 
     def validate(compiled, items) -> float:
-        items = list(items)
-        predict = _predictor(compiled)
-        per_sample = [predict(feeds) for feeds, _ in items]
-        outputs = [np.concatenate([outs[i].reshape(1, -1) for outs in per_sample]) for i in range(len(per_sample[0]))]
-        return score(outputs, [index for _, index in items])
+        outputs, indices = _picked_outputs(compiled, items, names)
+        return score(outputs.values, indices)
 
     return validate, metric, allowed
 
@@ -114,26 +113,18 @@ def _metric_validation(gate: QualityGate, evaluation, names: list[str]):
     targets = evaluation.targets
 
     def validate(compiled, items) -> float:
-        items = list(items)
-        outputs = []
-        for feeds, _ in items:
-            result = compiled(feeds)
-            values = [np.asarray(result[port]) for port in compiled.outputs]
-            outputs.append(dict(zip(output_names(names, len(values)), values)))
-        picked = None if targets is None else [targets[index] for _, index in items]
-        return sign * evaluate_metric(spec, outputs, picked).value
+        outputs, indices = _picked_outputs(compiled, items, names)
+        picked = None if targets is None else [targets[index] for index in indices]
+        return sign * evaluate_metric(spec, outputs.per_sample(), picked).value
 
     relative = spec.max_drop is None
     allowed = spec.max_rel_drop if relative else spec.max_drop
     return validate, f"metric {spec.primary} ({spec.name})", allowed, relative
 
 
-def _compile_f32(ov_model):
-    import openvino as ov
-
-    return ov.Core().compile_model(ov_model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
-
-
-def _predictor(compiled):
-    """``feeds -> [every output]`` of a compiled OpenVINO model, in the model's output order."""
-    return lambda feeds: [np.asarray(value) for value in compiled(feeds).values()]
+def _picked_outputs(compiled, items, names: list[str]) -> tuple[Outputs, list[int]]:
+    """Every output of the model NNCF compiled, on the ``(feeds, index)`` items it picks (as the gate collects
+    them), and the items' indices into the evaluation set."""
+    items = list(items)
+    picked = SampleSet([feeds for feeds, _ in items], None, "the items NNCF picked")
+    return all_outputs(predictor(compiled), picked, names), [index for _, index in items]

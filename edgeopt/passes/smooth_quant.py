@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgeopt.evaluate import compare_outputs
+from edgeopt.data import SampleSet
+from edgeopt.evaluate import all_outputs, compare_outputs
+from edgeopt.judge import compiled_predictor
 
 CANDIDATES = {"SmoothQuant alpha 0.95 (NNCF's default)": 0.95, "no SmoothQuant": -1.0}
 SAMPLES = 32  # enough to rank two candidates; the gate measures the winner on all of the evaluation data
@@ -42,8 +44,4 @@ def quantize_choosing_smooth_quant(ov_model, samples: list[dict], quantize) -> t
 
 def _outputs(ov_model, samples: list[dict]) -> list[np.ndarray]:
     """Every output of ``ov_model`` for every sample, computed in f32 (one samples x values array per output)."""
-    import openvino as ov
-
-    compiled = ov.Core().compile_model(ov_model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
-    per_sample = [compiled(feeds) for feeds in samples]
-    return [np.concatenate([np.asarray(r[port]).reshape(1, -1) for r in per_sample]) for port in compiled.outputs]
+    return all_outputs(compiled_predictor(ov_model), SampleSet(samples, None, "calibration"), []).values
