@@ -1,4 +1,4 @@
-"""The ONNX INT8 path on a transformer: ONNX Runtime's candidate gets the transformer recipe.
+"""The ONNX INT8 path on a transformer: ONNX Runtime's candidate is its dynamic quantization.
 
 A small BERT-like encoder (token embedding Gather, LayerNorm, attention with an additive padding mask built from
 ``torch.finfo.min``, Softmax, GELU FFN whose intermediate units include outlier neurons, as trained BERTs have),
@@ -12,13 +12,13 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
 from edgeopt.data import SampleSet
 from edgeopt.onnx_prep import normalise
 from edgeopt.model_type import ffn_down_projections
-from edgeopt.passes.onnx_int8 import ort_options, quantize_onnx, unfused_share
+from edgeopt.passes.onnx_int8 import gemm_as_matmul, quantize_onnx, unfused_share
 
 LENGTH, VOCAB = 16, 200
 
@@ -112,38 +112,62 @@ def test_ffn_down_projections_are_found(encoder):
         assert seen & {"Erf", "Gelu"}
 
 
-def test_transformer_onnx_int8_quantizes_matmuls_only_and_stays_faithful(encoder):
+def _optimized_ops(model, tmp_path) -> list[str]:
+    """The op types of ``model`` after ONNX Runtime's graph optimisations (what actually runs)."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return [node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node]
+
+
+def test_transformer_onnx_int8_is_dynamic_fused_and_faithful(encoder, tmp_path):
     model, calib, held = encoder
     result = quantize_onnx(model, SampleSet(calib, None, "test"), subset_size=32, nncf_options={}, transformer=True,
-                           ffn_down_float=True, backends=("ort",))
+                           ffn_down_float=True, backends=("ort-dynamic",))
+    assert result.backend == "ort-dynamic"
     graph = result.model.graph
     producer = {out: node for node in graph.node for out in node.output}
-    consumers = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-    for q in (n for n in graph.node if n.op_type == "QuantizeLinear"):
-        source = getattr(producer.get(q.input[0]), "op_type", "input")
-        users = {c.op_type for dq in consumers[q.output[0]] for c in consumers.get(dq.output[0], [])}
-        # a MatMul's input or output: no QDQ of its own on Gather, LayerNorm, the mask Add or Softmax, and the
-        # residual Add reads the float LayerNorm output, not its quantized copy
-        assert source in ("MatMul", "Gemm") or users <= {"MatMul", "Gemm", "Gather"}, (source, users)
+    initializers = {init.name: init for init in graph.initializer}
     down = set(ffn_down_projections(onnx_model=normalise(model).model))
+    assert len(down) == 2
+    assert not [n for n in graph.node if n.op_type == "QuantizeLinear"]  # nothing quantized with a fixed range
+    for node in (n for n in graph.node if n.op_type == "DynamicQuantizeLinear"):  # LayerNorm, Softmax stay float
+        users = {c.op_type for c in graph.node if set(c.input) & set(node.output)}
+        assert users <= {"MatMulInteger", "Mul"}, users
+    float_matmuls = [n for n in graph.node if n.op_type == "MatMul" and n.name not in down
+                     and any(i in initializers for i in n.input)]
+    assert not float_matmuls  # every projection with a constant weight is integer, but the FFN down-projections
     for node in (n for n in graph.node if n.name in down):  # float activations, int8 weights
         assert getattr(producer.get(node.input[0]), "op_type", "") != "DequantizeLinear"
         weight = producer[node.input[1]]
-        assert weight.op_type == "DequantizeLinear"
-        assert next(i for i in graph.initializer if i.name == weight.input[0]).data_type == TensorProto.INT8
-    assert len(down) == 2
-    assert unfused_share(result.model) == 0.0
-    assert _mean_cosine(result.model, model, held) >= 0.97
+        assert weight.op_type == "DequantizeLinear" and initializers[weight.input[0]].data_type == TensorProto.INT8
+    gather = next(n for n in graph.node if n.op_type == "Gather" and n.output[0] in
+                  {i for c in graph.node if c.op_type == "DequantizeLinear" for i in c.input})
+    assert initializers[gather.input[0]].data_type in (TensorProto.INT8, TensorProto.UINT8)  # the 8-bit token table
+    ran = _optimized_ops(result.model, tmp_path)
+    # ONNX Runtime fuses the runtime quantization and dequantization with each integer MatMul (q, k, v, o, up in
+    # each of the 2 layers): none left as MatMulInteger
+    fused = ran.count("DynamicQuantizeMatMul") + ran.count("MatMulIntegerToFloat")
+    assert fused == 2 * 5 and "MatMulInteger" not in ran
+    assert _mean_cosine(result.model, model, held) >= 0.99
 
 
-def test_ort_options_differ_for_transformers():
-    plain, transformer = ort_options(False, []), ort_options(True, ["down"])
-    assert "op_types_to_quantize" not in plain and "nodes_to_exclude" not in plain
-    assert transformer["op_types_to_quantize"] == ["MatMul", "Gemm", "Gather"] and transformer["nodes_to_exclude"] == ["down"]
-    assert transformer["extra_options"]["OpTypesToExcludeOutputQuantization"] == ["Gemm"]
+def test_gemm_as_matmul_computes_the_same():
+    rng = np.random.default_rng(0)
+    weight, bias = rng.normal(size=(5, 3)).astype(np.float32), rng.normal(size=5).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w", "b"], ["y"], name="fc", transB=1)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5])],
+        [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    rewritten = gemm_as_matmul(model)
+    assert [(n.op_type, n.name) for n in rewritten.graph.node] == [("MatMul", "fc"), ("Add", "fc_bias")]
+    assert [n.op_type for n in model.graph.node] == ["Gemm"]  # a copy: the input model is unchanged
+    x = {"x": rng.normal(size=(2, 3)).astype(np.float32)}
+    run = lambda m: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, x)[0]  # noqa: E731
+    np.testing.assert_allclose(run(rewritten), run(model), rtol=1e-5, atol=1e-6)
 
 
 def test_dequantized_gemm_without_quantize_after_counts_as_fused():
