@@ -180,8 +180,8 @@ def global_pools(model, dims: dict[str, list[int]]) -> int:
     PyTorch clip such a window to the input, e.g. ``nn.AvgPool2d(2560, ceil_mode=True)`` on 7x7 in
     ``transformers``' EfficientNet), but OpenVINO's ONNX frontend rejects a kernel larger than the input, and
     quantized (``count_include_pad=1``, as torch exports it), ONNX Runtime fuses it into a QLinearAveragePool
-    whose output is all zeros (measured on that
-    EfficientNet, ONNX Runtime 1.32: cosine 0.000 to FP32 with either backend's QDQ, 0.75-0.77 as GlobalAveragePool). Returns how many nodes were rewritten."""
+    whose output is all zeros (measured on that EfficientNet, ONNX Runtime 1.32: cosine 0.000 to FP32 with either
+    backend's QDQ, 0.75-0.77 as GlobalAveragePool). Returns how many nodes were rewritten."""
     rewritten = 0
     for node in _plain_average_pools(model):
         attrs = _attributes(node)
