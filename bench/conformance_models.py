@@ -79,7 +79,10 @@ def mobilenet_v1():
 def efficientnet_b0():
     from transformers import EfficientNetConfig, EfficientNetForImageClassification
 
-    return _image(_settled(EfficientNetForImageClassification(EfficientNetConfig(num_labels=1000))))
+    # EfficientNetConfig's defaults are B7's (width 2.0, depth 3.1, 600 px): B0 is width = depth = 1, 224 px, 1280
+    cfg = EfficientNetConfig(width_coefficient=1.0, depth_coefficient=1.0, image_size=224, hidden_dim=1280,
+                             dropout_rate=0.2, num_labels=1000)
+    return _image(_settled(EfficientNetForImageClassification(cfg)))
 
 
 def regnet():
