@@ -29,9 +29,11 @@ def default_opset(model) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
-def normalise(model, *, optimise: bool = True) -> Normalised:
-    """Constant-node weights to initializers, opset ≥ 13, shapes inferred, graph folded by ONNX Runtime's
-    basic optimiser (constant folding, Conv+BatchNorm and similar fusions that keep the graph portable)."""
+def normalise(model, *, optimise: bool = True, feeds: dict | None = None) -> Normalised:
+    """Constant-node weights to initializers, opset ≥ 13, shapes inferred, average pools that cover their whole
+    input as global pools (:func:`global_pools`; ``feeds``, one input sample, measures shapes that inference
+    leaves unknown), graph folded by ONNX Runtime's basic optimiser (constant folding, Conv+BatchNorm and
+    similar fusions that keep the graph portable)."""
     import onnx
 
     copied = onnx.ModelProto()
@@ -55,7 +57,10 @@ def normalise(model, *, optimise: bool = True) -> Normalised:
         model = onnx.shape_inference.infer_shapes(model)
     except Exception:  # shapes are a help to the quantizers, not a requirement
         pass
-    pools = global_pools(model, inferred_dims(model))
+    dims = inferred_dims(model)
+    if feeds is not None:  # shape inference leaves a dynamic export's spatial dims unknown: measure them
+        dims.update(pool_input_dims(model, feeds))
+    pools = global_pools(model, dims)
     if pools:
         result.steps.append(f"{pools} AveragePool(s) covering their whole input read as GlobalAveragePool")
     if optimise:
@@ -228,23 +233,29 @@ def for_openvino(path, shapes: dict[str, list[int]]):
     None when there is nothing to rewrite."""
     import numpy as np
     import onnx
-    import onnxruntime as ort
 
     model = onnx.load(str(path))
-    pools = _plain_average_pools(model)
-    if not pools:
-        return None
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    wanted = list(dict.fromkeys(node.input[0] for node in pools))
-    probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(name) for name in wanted)
     types = {v.name: v.type.tensor_type.elem_type for v in model.graph.input}
     feeds = {name: np.zeros(shape, onnx.helper.tensor_dtype_to_np_dtype(types[name]))
              for name, shape in shapes.items() if name in types}
+    return model if global_pools(model, pool_input_dims(model, feeds)) else None
+
+
+def pool_input_dims(model, feeds: dict) -> dict[str, list[int]]:
+    """The shapes of the plain ``AveragePool`` inputs of ``model``, measured by one ONNX Runtime run on ``feeds``
+    (empty when there are none, or ONNX Runtime cannot run the model)."""
+    import onnx
+    import onnxruntime as ort
+
+    wanted = list(dict.fromkeys(node.input[0] for node in _plain_average_pools(model)))
+    if not wanted:
+        return {}
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(name) for name in wanted)
     try:
         session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
         values = session.run(wanted, feeds)
     except Exception:
-        return None
-    dims = {name: list(value.shape) for name, value in zip(wanted, values)}
-    return model if global_pools(model, dims) else None
+        return {}
+    return {name: list(value.shape) for name, value in zip(wanted, values)}

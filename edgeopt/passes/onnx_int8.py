@@ -122,7 +122,7 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
     static QDQ (``ort``), NNCF's gets the model type through ``nncf_options``; ``ffn_down_float``: the FFN
     down-projections keep float activations (int8 weights). ``backends``: by default NNCF's and ONNX Runtime's."""
     backends = backends or ("nncf", "ort-dynamic" if transformer else "ort")
-    prepared = normalise(model)
+    prepared = normalise(model, feeds=calibration.samples[0])
     ffn = ffn_down_projections(onnx_model=prepared.model) if ffn_down_float else []
     keep = list(ignored or []) + ffn
     builders = {"nncf": lambda m: _nncf(m, calibration, subset_size, nncf_options, keep),
