@@ -419,7 +419,7 @@ def gemm_as_matmul(model):
     model = onnx.ModelProto.FromString(model.SerializeToString())
     graph = model.graph
     inits = {init.name: init for init in graph.initializer}
-    nodes = []
+    nodes, replaced = [], set()
     for node in graph.node:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         if (node.op_type != "Gemm" or node.input[1] not in inits or attrs.get("transA", 0)
@@ -433,6 +433,7 @@ def gemm_as_matmul(model):
                 inits[transposed] = numpy_helper.from_array(
                     np.ascontiguousarray(numpy_helper.to_array(inits[weight]).T), transposed)
                 graph.initializer.append(inits[transposed])
+            replaced.add(weight)
             weight = transposed
         bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
         product = f"{node.output[0]}_matmul" if bias else node.output[0]
@@ -442,8 +443,8 @@ def gemm_as_matmul(model):
     del graph.node[:]
     graph.node.extend(nodes)
     used = {name for n in graph.node for name in n.input}
-    for init in [i for i in graph.initializer if i.name not in used]:
-        graph.initializer.remove(init)
+    for name in replaced - used:  # a weight only transposed Gemms read
+        graph.initializer.remove(inits[name])
     return model
 
 
