@@ -113,14 +113,15 @@ def test_recipe_and_profile_name_a_metric(tmp_path):
 
 @pytest.fixture(scope="module")
 def detector_int8(tmp_path_factory):
-    """The tiny detector compressed to INT8 with F1 as the gate."""
+    """The tiny detector compressed to INT8 with F1 as the gate (and the step report)."""
     from click.testing import CliRunner
 
     from edgeopt.cli import main
 
     out = tmp_path_factory.mktemp("detector") / "out"
     result = CliRunner().invoke(main, ["compress", MODEL, "--calib", CALIB, "--eval", EVAL, "--metric", F1,
-                                       "--format", "openvino", "--out", str(out)], catch_exceptions=False)
+                                       "--format", "openvino", "--step-report", "--out", str(out)],
+                                 catch_exceptions=False)
     return result, out, json.loads((out / "report.json").read_text())
 
 
@@ -138,6 +139,22 @@ def test_compress_is_gated_by_the_user_metric(detector_int8):
     assert math.isclose(check["drop"], check["reference"] - check["value"])
     assert quality["artifacts"]["openvino"]["check"].startswith("f1 ")  # the metric decides, not cosine
     assert set(quality["artifacts"]["openvino"]["outputs"]) == {"boxes", "scores"}  # fidelity still reported
+
+
+def test_the_step_report_shows_the_metric(detector_int8):
+    """The step report measures what the gate decides on: F1 after every step, beside top-1 and cosine."""
+    result, _, report = detector_int8
+    steps = report["steps"]
+    assert steps["metric"]["name"] == F1 and steps["metric"]["primary"] == "f1"
+    rows = {row["step"]: row for row in steps["rows"]}
+    assert list(rows) == ["original", "int8"]
+    quality = report["quality"]
+    # the same evaluation set: the FP32 IR's F1 is the original's, the INT8 step's is the artifact's
+    assert rows["original"]["metric"] == pytest.approx(quality["original"]["metric"]["value"], abs=1e-3)
+    assert rows["int8"]["metric"] == pytest.approx(quality["artifacts"]["openvino"]["metric"]["value"], abs=1e-3)
+    header = next(line for line in result.output.splitlines() if "p50 ms" in line)
+    assert "f1" in header.split() and "cosine" in header.split()
+    assert f"f1: task metric {F1}" in " ".join(result.output.split())
 
 
 def test_the_metric_gate_fails_with_exit_3_when_the_artifact_is_worse(detector_int8, cli, tmp_path):

@@ -102,6 +102,7 @@ def int8_repair(model: WorkingModel, ctx: PassContext, config: Int8RepairConfig)
     for rung, change in _ladder(fp32, model.source.model_type):
         trial = {**params, **change}
         verdict, quantized = attempt(rung, trial)
+        trial |= _chosen(quantized)
         if verdict.passed:
             return _finish(model, repair, rung, trial, quantized.model, quantized.note, start)
         if best is None or _closer(judge, judge.score(verdict), judge.score(best[0])):
@@ -150,6 +151,12 @@ def int8_repair(model: WorkingModel, ctx: PassContext, config: Int8RepairConfig)
     model.notes.append("int8_repair: no rung passed the quality gate; keeping the closest model "
                        f"({best[0].check})")
     _finish(model, repair, None, params, best[1].model, best[1].note, start)
+
+
+def _chosen(quantized: Quantized) -> dict:
+    """What the int8 step chose by measurement, pinned for the later rungs and the final recipe: a transformer's
+    SmoothQuant alpha (choosing it again would cost two calibrations per rung, and could pick differently)."""
+    return {"smooth_quant_alpha": quantized.smooth_quant_alpha} if quantized.smooth_quant_alpha is not None else {}
 
 
 def _closer(judge: Judge, score: float, best: float) -> bool:
