@@ -51,7 +51,7 @@ class Int8RepairConfig(StepConfig):
 @dataclass
 class Rung:
     rung: str
-    params: dict  # the int8 step's parameters tried
+    params: dict  # the int8 step's parameters tried, with what it chose by measurement (SmoothQuant alpha) pinned
     passed: bool
     check: str  # the gate's verdict in words
     score: float  # the gate's figure (top-1, or worst gated cosine)
@@ -89,20 +89,20 @@ def int8_repair(model: WorkingModel, ctx: PassContext, config: Int8RepairConfig)
     judge = Judge(fp32, ctx.evaluation, gate, names)
     repair = Repair()
 
-    def attempt(rung: str, params: dict) -> tuple[Verdict, Quantized]:
+    def attempt(rung: str, params: dict) -> tuple[Verdict, Quantized, dict]:
+        """The int8 step with ``params``, judged; the parameters returned pin what it chose by measurement."""
         began = time.perf_counter()
         quantized = quantize_openvino(fp32, model.source.model_type, ctx.calibration,
                                       Int8Config(subset_size=config.subset_size, **params), compress_weights=False)
         verdict = judge(quantized.model, rung)
-        repair.rungs.append(Rung(rung, dict(params), verdict.passed, verdict.check, judge.score(verdict),
+        params = {**params, **_chosen(quantized)}
+        repair.rungs.append(Rung(rung, params, verdict.passed, verdict.check, judge.score(verdict),
                                  round(time.perf_counter() - began, 3)))
-        return verdict, quantized
+        return verdict, quantized, params
 
     params, best = {}, None
     for rung, change in _ladder(fp32, model.source.model_type):
-        trial = {**params, **change}
-        verdict, quantized = attempt(rung, trial)
-        trial |= _chosen(quantized)
+        verdict, quantized, trial = attempt(rung, {**params, **change})
         if verdict.passed:
             return _finish(model, repair, rung, trial, quantized.model, quantized.note, start)
         if best is None or _closer(judge, judge.score(verdict), judge.score(best[0])):
@@ -142,7 +142,7 @@ def int8_repair(model: WorkingModel, ctx: PassContext, config: Int8RepairConfig)
         repair.island_precision = island_precision if rung == "float_islands" else None
         # the same operations in NNCF's ignored scope: one int8 step reproduces it (calibrated with them in float)
         step = {**params, "ignored_scope": operations(k)}
-        verdict, quantized = attempt(f"{rung} k={k}", step)
+        verdict, quantized, step = attempt(f"{rung} k={k}", step)
         if verdict.passed:
             return _finish(model, repair, rung, step, quantized.model, quantized.note, start)
         model.notes.append(f"int8_repair: with the same operations in the ignored scope the recalibrated model "
