@@ -113,17 +113,19 @@ class Reverter:
 
 
 def analyse(fp32_model, quantized_model, samples: SampleSet, gate: QualityGate, output_names: list[str],
-            quiet: bool = True, reverter: Reverter | None = None) -> Sensitivity:
+            quiet: bool = True, reverter: Reverter | None = None, judge: Judge | None = None,
+            int8: Verdict | None = None, subset: str = "") -> Sensitivity:
     """Rank every quantized operation of ``quantized_model`` (an NNCF INT8 OpenVINO model of ``fp32_model``,
-    weights still under FakeQuantize) on ``samples``."""
+    weights still under FakeQuantize) on ``samples``. ``judge`` (on ``samples``) and ``int8`` (its verdict on
+    ``quantized_model``): reused when the caller has them; ``subset``: how ``samples`` were chosen, in words."""
     import time
 
     from nncf.common.logging.track_progress import track
 
     start = time.perf_counter()
     reverter = reverter or Reverter(fp32_model, quantized_model)
-    judge = Judge(fp32_model, samples, gate, output_names)
-    int8 = judge(quantized_model, "int8")
+    judge = judge or Judge(fp32_model, samples, gate, output_names)
+    int8 = int8 or judge(quantized_model, "int8")
     int8_score = judge.score(int8)
     ranges = _activation_ranges(fp32_model, quantized_model, samples)
     measured = []
@@ -141,7 +143,7 @@ def analyse(fp32_model, quantized_model, samples: SampleSet, gate: QualityGate, 
     ranked = sorted(measured, key=lambda op: (op.gain, min(op.sqnr_db.values(), default=0.0)), reverse=True)
     measure = "top-1" if judge.reference.top1 is not None and int8.quality.top1 is not None else \
         "worst gated output's cosine"
-    return Sensitivity(METHOD, len(samples), measure, int8_score, _cosines(int8), _sqnr(judge, int8),
+    return Sensitivity(METHOD + (f"; on {subset}" if subset else ""), len(samples), measure, int8_score, _cosines(int8), _sqnr(judge, int8),
                        reverter.quantized_ops, tuple(ranked), round(time.perf_counter() - start, 3))
 
 

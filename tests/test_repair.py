@@ -51,6 +51,32 @@ def test_sensitivity_puts_the_planted_outlier_layer_first(outlier_data):
     assert all(0 <= op.clipped < 1 for op in result.ranked)
 
 
+def test_the_ranking_subset_is_the_samples_int8_gets_most_wrong(outlier_data):
+    """As NNCF's accuracy control ranks: the sensitivity runs on the evaluation samples with the lowest cosine of
+    any gated output under INT8; asking for at least every sample keeps the set."""
+    from edgeopt.data import load_samples
+    from edgeopt.evaluate import QualityGate, sample_cosines
+    from edgeopt.formats import FORMATS
+    from edgeopt.judge import Judge
+    from edgeopt.passes.quantize import Int8Config, quantize_openvino
+    from edgeopt.source import load_model
+
+    source = load_model(OUTLIER_MODEL, {})
+    fp32 = FORMATS["openvino"].from_torch(source.torch_module, source.example_input, source.input_names,
+                                          source.output_names)
+    evaluation = load_samples(outlier_data[1], source.inputs)
+    int8 = quantize_openvino(fp32, None, load_samples(outlier_data[0], source.inputs), Int8Config(),
+                             compress_weights=False).model
+    judge = Judge(fp32, evaluation, QualityGate(), source.output_names)
+    verdict = judge(int8)
+    cosines = sample_cosines(verdict.outputs.values[0], judge.reference_outputs.values[0])
+    picked = judge.worst_samples(verdict, 8)
+    worst = sorted(np.argsort(cosines)[:8])
+    assert len(picked) == 8 and all(picked.samples[i] is evaluation.samples[j] for i, j in enumerate(worst))
+    assert cosines[worst].max() <= np.sort(cosines)[8]
+    assert judge.worst_samples(verdict, len(evaluation)) is evaluation
+
+
 @pytest.mark.slow
 def test_repair_passes_the_gate_names_the_ops_and_reproduces_in_one_step(cli, outlier_data, tmp_path):
     calib, evaluation = outlier_data

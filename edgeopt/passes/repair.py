@@ -40,7 +40,8 @@ SMOOTH_QUANT_ALPHA = 0.5  # the SmoothQuant paper's default; NNCF's is 0.95
 class Int8RepairConfig(StepConfig):
     """``max_float_share``: the most operations the ``float_ops`` rung keeps in float, as a share of the quantized
     ones; ``islands``: allow more (``float_islands``) where the device runs float in FP16/BF16;
-    ``ranking_samples``: evaluation samples the sensitivity analysis runs on."""
+    ``ranking_samples``: evaluation samples the sensitivity analysis runs on (those the INT8 model gets most
+    wrong, as NNCF's accuracy control ranks)."""
 
     subset_size: int = number(300, "[1, inf)")
     max_float_share: float = number(0.1, "[0, 1]")
@@ -109,8 +110,13 @@ def int8_repair(model: WorkingModel, ctx: PassContext, config: Int8RepairConfig)
             params, best = trial, (verdict, quantized)
 
     reverter = Reverter(fp32, best[1].model)
-    repair.sensitivity = analyse(fp32, best[1].model, ctx.evaluation.take(config.ranking_samples), gate, names,
-                                 quiet=ctx.quiet, reverter=reverter)
+    ranking = judge.worst_samples(best[0], config.ranking_samples)
+    every = ranking is judge.samples  # then the ladder's judge and its verdict on the INT8 model are reused
+    repair.sensitivity = analyse(
+        fp32, best[1].model, ranking, gate, names, quiet=ctx.quiet, reverter=reverter,
+        judge=judge if every else None, int8=best[0] if every else None,
+        subset=(f"all {len(ranking)} evaluation samples" if every else f"the {len(ranking)} of {len(judge.samples)} "
+                "evaluation samples the INT8 model gets most wrong (NNCF's ranking subset selection)"))
     ranked = list(repair.sensitivity.ranked)
     total = max(repair.sensitivity.quantized_ops, 1)
 
