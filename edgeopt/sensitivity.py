@@ -38,7 +38,7 @@ class OpSensitivity:
     name: str  # the first operation (the one the report names)
     op_type: str
     operations: tuple[str, ...]  # every operation the group reverts (what ignored_scope must name)
-    score: float  # the gate's figure with only this operation in float (top-1, or worst gated cosine)
+    score: float  # the gate's figure with only this operation in float (Sensitivity.measure says which)
     gain: float  # score minus the INT8 model's: how much of the loss this operation accounts for
     cosine: dict[str, float]  # per output, with only this operation in float
     sqnr_db: dict[str, float]  # per output
@@ -141,8 +141,9 @@ def analyse(fp32_model, quantized_model, samples: SampleSet, gate: QualityGate, 
             range_ratio=max((r[0] for r in activation), default=None),
             clipped=max((r[1] for r in activation), default=None)))
     ranked = sorted(measured, key=lambda op: (op.gain, min(op.sqnr_db.values(), default=0.0)), reverse=True)
-    measure = "top-1" if judge.reference.top1 is not None and int8.quality.top1 is not None else \
-        "worst gated output's cosine"
+    measure = (f"minus the drop of the task metric's {gate.metric.primary}" if gate.metric is not None
+               else "top-1" if judge.reference.top1 is not None and int8.quality.top1 is not None
+               else "worst gated output's cosine")
     return Sensitivity(METHOD + (f"; on {subset}" if subset else ""), len(samples), measure, int8_score, _cosines(int8), _sqnr(judge, int8),
                        reverter.quantized_ops, tuple(ranked), round(time.perf_counter() - start, 3))
 

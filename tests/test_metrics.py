@@ -277,3 +277,34 @@ def test_int8_ac_validation_fn_negates_a_lower_is_better_metric(tmp_path):
     scores = [np.asarray(compiled(feeds)[compiled.outputs[1]]).max() for feeds, _ in items]
     expected = np.mean([abs(s - min(len(evaluation.targets[i]), 1)) for s, (_, i) in zip(scores, items)])
     assert math.isclose(validate(compiled, items), -expected, rel_tol=1e-6)
+
+
+def test_sensitivity_ranks_operations_by_the_metric():
+    """With a task metric in the gate, the per-operation sensitivity scores each operation by minus the metric's
+    drop (the repair's figure), on the evaluation samples INT8 gets most wrong."""
+    from edgeopt.data import load_samples
+    from edgeopt.evaluate import QualityGate
+    from edgeopt.formats import FORMATS
+    from edgeopt.judge import Judge
+    from edgeopt.passes.quantize import Int8Config, quantize_openvino
+    from edgeopt.sensitivity import analyse
+    from edgeopt.source import load_model
+    from edgeopt.user_metric import load_metric
+
+    source = load_model(MODEL, {})
+    fp32 = FORMATS["openvino"].from_torch(source.torch_module, source.example_input, source.input_names,
+                                          source.output_names)
+    int8 = quantize_openvino(fp32, None, load_samples(CALIB, source.inputs), Int8Config(),
+                             compress_weights=False).model
+    gate = QualityGate(metric=load_metric(F1))
+    evaluation = load_samples(EVAL, source.inputs)
+    judge = Judge(fp32, evaluation, gate, source.output_names)
+    ranking = judge.worst_samples(judge(int8), 48)
+    result = analyse(fp32, int8, ranking, gate, source.output_names)
+    assert result.measure == "minus the drop of the task metric's f1" and result.samples == 48
+    on_ranking = Judge(fp32, ranking, gate, source.output_names)
+    assert result.int8_score == pytest.approx(on_ranking.score(on_ranking(int8)))
+    assert result.int8_score < 0  # INT8 loses F1 on the samples it gets most wrong
+    first = result.ranked[0]
+    assert first.gain == pytest.approx(first.score - result.int8_score) and first.gain > 0
+    assert all(a.gain >= b.gain for a, b in zip(result.ranked, result.ranked[1:]))
