@@ -14,6 +14,8 @@ default 0.99, edgeopt's default gate):
 - ``int8_repair``: edgeopt's ladder (edgeopt/passes/repair.py).
 
 Per recipe: the gate's verdict and worst output cosine, wall time of the whole compress call and of the step,
+this process's CPU time for the call (all threads: less sensitive than wall time to other jobs on a shared host;
+the load average before and after each call is recorded too),
 operations left in float (NNCF's count of quantized operations vs plain INT8's), IR size, and p50 latency in
 OpenVINO (1 thread, INFERENCE_PRECISION_HINT f32, LATENCY hint, inputs bound once, interleaved rounds with the
 FP32 IR). Done when: repair passes with <= 10 % of the quantized operations in float in less wall time than
@@ -60,21 +62,21 @@ def run_model(entry, work: Path, calib_count: int, eval_count: int, min_cosine: 
     rows = {}
     for recipe in RECIPES:
         load = os.getloadavg()[0]
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         result = compress(spec, calib, out=work / recipe, recipe=recipe, eval_data=held, formats=("openvino",),
                           input_shapes=shapes, quiet=True, gate=QualityGate(min_cosine=min_cosine))
-        wall = time.perf_counter() - start
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
         load = (load, os.getloadavg()[0])
         quality = result.qualities["openvino"]
         artifact = result.artifacts[0]
         rows[recipe] = {"passed": result.quality_passed, "check": result.gate_results["openvino"][1],
                         "worst_cosine": min(f.cosine for f in result.gate.gated(quality)),
-                        "wall_s": round(wall, 2), "step_s": result.seconds.get(recipe),
+                        "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "step_s": result.seconds.get(recipe),
                         "bytes": artifact.bytes, "path": str(artifact.path),
                         "quantized_ops": quantized_op_count(ov.Core().read_model(str(artifact.path))),
                         "repair": result.decisions.get("int8_repair"), "load_1min": [round(x, 2) for x in load]}
         print(f"  {entry.name} {recipe}: {'PASS' if rows[recipe]['passed'] else 'FAIL'} {rows[recipe]['check']}, "
-              f"{wall:.1f} s (load average {load[0]:.1f} before, {load[1]:.1f} after)", flush=True)
+              f"{wall:.1f} s, CPU {cpu:.1f} s (load average {load[0]:.1f} before, {load[1]:.1f} after)", flush=True)
     # operations left in float, against the INT8 model each method started from: int8_ac's is nncf.quantize with
     # its own parameters (preset performance, no model type); int8_repair reports its own
     from edgeopt.data import load_samples
@@ -136,20 +138,21 @@ def _p50s(paths: dict[str, Path], feeds: dict, rounds: int = 7, runs: int = 40) 
 
 
 def table(results: list[dict]) -> str:
-    lines = [f"{'model':<11} {'recipe':<12} {'gate':<5} {'worst cos':>9} {'wall s':>7} {'step s':>7} "
+    lines = [f"{'model':<11} {'recipe':<12} {'gate':<5} {'worst cos':>9} {'wall s':>7} {'cpu s':>7} {'step s':>7} "
              f"{'float ops':>10} {'share':>6} {'size KiB':>9} {'p50 ms':>8} {'p50/fp32':>8}  rung"]
     for result in results:
         for recipe, row in result["rows"].items():
             rung = (row["repair"] or {}).get("passed_rung") or ""
             lines.append(f"{result['model']:<11} {recipe:<12} {'PASS' if row['passed'] else 'FAIL':<5} "
-                         f"{row['worst_cosine']:>9.4f} {row['wall_s']:>7.1f} {row['step_s'] or 0:>7.1f} "
+                         f"{row['worst_cosine']:>9.4f} {row['wall_s']:>7.1f} {row['cpu_s']:>7.1f} {row['step_s'] or 0:>7.1f} "
                          f"{row['float_ops']:>10} {row['float_share']:>6.1%} {row['bytes'] / 1024:>9.1f} "
                          f"{row['p50_ms']:>8.3f} {row['p50_ms'] / result['fp32_p50_ms']:>8.2f}  {rung}")
         ac, repair = result["rows"]["int8_ac"], result["rows"]["int8_repair"]
         done = repair["passed"] and repair["float_share"] <= 0.10 and repair["wall_s"] < ac["wall_s"]
         verdict = ("plain INT8 passes: not a repair case" if result["rows"]["int8"]["passed"]
                    else f"done-when {'MET' if done else 'NOT MET'}")
-        lines.append(f"{result['model']:<11} gate cosine >= {result['min_cosine']}; repair/int8_ac wall time {repair['wall_s'] / ac['wall_s']:.2f}x; "
+        lines.append(f"{result['model']:<11} gate cosine >= {result['min_cosine']}; repair/int8_ac wall time {repair['wall_s'] / ac['wall_s']:.2f}x, "
+                     f"CPU time {repair['cpu_s'] / ac['cpu_s']:.2f}x; "
                      f"FP32 IR {result['fp32_bytes'] / 1024:.1f} KiB, p50 {result['fp32_p50_ms']:.3f} ms; {verdict}")
         if repair["repair"] and repair["repair"]["float_ops"]:
             lines.append("    in float: " + "; ".join(
