@@ -55,7 +55,7 @@ class Rung:
     params: dict  # the int8 step's parameters tried, with what it chose by measurement (SmoothQuant alpha) pinned
     passed: bool
     check: str  # the gate's verdict in words
-    score: float  # the gate's figure (top-1, or worst gated cosine)
+    score: float  # the gate's figure (Judge.score: minus the metric's drop, top-1, or worst gated cosine)
     seconds: float
 
 
