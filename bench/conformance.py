@@ -464,16 +464,21 @@ def table(rows: list[dict]) -> str:
 
 def saved_rows(paths: str) -> dict[str, dict]:
     """Each entry's latest row in saved ``--json`` runs (``a.json,DIR,...``; a folder stands for its ``*.json``
-    in name order): the row measured last wins; rows without ``measured_at`` count as oldest, in the order read."""
+    in name order): the row measured last wins (on a tie, the one read later). A row without ``measured_at``
+    (written before rows carried it) counts as measured when its file was last committed (else modified)."""
     files = []
     for part in filter(None, paths.split(",")):
         files += sorted(Path(part).glob("*.json")) if Path(part).is_dir() else [Path(part)]
-    latest: dict[str, dict] = {}
+    latest: dict[str, tuple[str, dict]] = {}
     for path in files:
+        committed = subprocess.run(["git", "-C", str(path.parent), "log", "-1", "--format=%ct", "--", path.name],
+                                   capture_output=True, text=True).stdout.strip()
+        written = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(committed or path.stat().st_mtime)))
         for row in json.loads(path.read_text())["rows"]:
-            if row.get("measured_at", "") >= latest.get(row["name"], {}).get("measured_at", ""):
-                latest[row["name"]] = row
-    return latest
+            when = row.get("measured_at", written)
+            if when >= latest.get(row["name"], ("",))[0]:
+                latest[row["name"]] = (when, row)
+    return {name: row for name, (_, row) in latest.items()}
 
 
 def code_version() -> str:
