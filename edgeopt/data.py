@@ -48,6 +48,12 @@ class SampleSet:
     def __len__(self) -> int:
         return len(self.samples)
 
+    def pick(self, indices: list[int]) -> "SampleSet":
+        """The samples at ``indices``, in that order, with their labels and targets."""
+        labels = None if self.labels is None else self.labels[indices]
+        targets = None if self.targets is None else [self.targets[i] for i in indices]
+        return SampleSet([self.samples[i] for i in indices], labels, self.source, targets)
+
     def take(self, count: int | None) -> "SampleSet":
         if count is None or count >= len(self.samples):
             return self

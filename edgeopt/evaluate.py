@@ -237,15 +237,22 @@ def language_model_ids(predict, samples: SampleSet) -> np.ndarray | None:
     return np.concatenate([next(iter(sample.values())) for sample in samples.samples])
 
 
+def sample_cosines(outputs: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """Cosine similarity of each sample's output to the reference's (samples x ...; 1 where both are zero)."""
+    a = outputs.astype(np.float64).reshape(len(outputs), -1)
+    b = reference.astype(np.float64).reshape(len(reference), -1)
+    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    both_zero = (np.linalg.norm(a, axis=1) == 0) & (np.linalg.norm(b, axis=1) == 0)
+    return np.where(norms > 0, np.sum(a * b, axis=1) / np.maximum(norms, 1e-300), np.where(both_zero, 1.0, 0.0))
+
+
 def compare_outputs(outputs: np.ndarray, reference: np.ndarray, output: str | None = None,
                     classifier: bool | None = None) -> Fidelity:
     """Fidelity of ``outputs`` (samples x ...) to ``reference``; top-1 agreement for a classifier output (by
     default: any output of more than one value per sample)."""
     a = outputs.astype(np.float64).reshape(len(outputs), -1)
     b = reference.astype(np.float64).reshape(len(reference), -1)
-    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
-    both_zero = (np.linalg.norm(a, axis=1) == 0) & (np.linalg.norm(b, axis=1) == 0)
-    cosine = np.where(norms > 0, np.sum(a * b, axis=1) / np.maximum(norms, 1e-300), np.where(both_zero, 1.0, 0.0))
+    cosine = sample_cosines(a, b)
     error = np.abs(a - b)
     classifier = a.shape[1] > 1 if classifier is None else classifier
     agreement = float(np.mean(a.argmax(axis=1) == b.argmax(axis=1))) if classifier and a.shape[1] > 1 else None

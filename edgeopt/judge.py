@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgeopt.data import SampleSet
-from edgeopt.evaluate import Outputs, Quality, QualityGate, all_outputs, language_model_ids, measure_outputs
+from edgeopt.evaluate import (Outputs, Quality, QualityGate, all_outputs, language_model_ids, measure_outputs,
+                              sample_cosines)
 
 
 def compile_f32(ov_model):
@@ -65,6 +66,19 @@ class Judge:
                                   targets=self.samples.targets)
         passed, check = self.gate.check(self.reference, quality)
         return Verdict(quality, passed, check, outputs)
+
+    def worst_samples(self, verdict: Verdict, count: int) -> SampleSet:
+        """The ``count`` samples ``verdict``'s candidate gets most wrong (lowest cosine of any gated output to the
+        reference), picked as NNCF's accuracy control picks its ranking subset (``get_subset_indices``)."""
+        from nncf.quantization.algorithms.accuracy_control.subset_selection import get_subset_indices
+
+        if count >= len(self.samples):
+            return self.samples
+        names = self.reference_outputs.names
+        worst = np.min([sample_cosines(out, ref) for name, out, ref in
+                        zip(names, verdict.outputs.values, self.reference_outputs.values)
+                        if not self.gate.outputs or name in self.gate.outputs], axis=0)
+        return self.samples.pick(get_subset_indices((1.0 - worst).tolist(), count))
 
     @property
     def threshold(self) -> float:

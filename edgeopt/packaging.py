@@ -35,9 +35,11 @@ class PackageResult:
     manifest: dict
     bytes: int
     sha256: str
+    golden: dict[str, dict] | None = None  # per bundled model: its check against the golden set (--golden)
 
     def describe(self) -> dict:
-        return {"bundle": str(self.path), "bytes": self.bytes, "sha256": self.sha256, "manifest": self.manifest}
+        return {"bundle": str(self.path), "bytes": self.bytes, "sha256": self.sha256, "manifest": self.manifest,
+                **({"golden": self.golden} if self.golden is not None else {})}
 
 
 def package(artifact: str | Path, target: str | Path | Target, out: str | Path, *,
@@ -46,12 +48,13 @@ def package(artifact: str | Path, target: str | Path | Target, out: str | Path, 
             preprocess: str | Path | None = None, input_shapes: dict[str, tuple[int, ...]] | None = None,
             measuring: Measuring = Measuring(), sign=None, golden: str | Path | None = None) -> PackageResult:
     """Validate ``artifact`` (a model file or an ``edgeopt compress`` folder) on ``target`` and write the
-    bundle to ``out``. ``input_shapes`` fill dynamic dimensions (over the target's). Raises ``QualityGateError`` when the compress report's gate failed and ``BudgetError``
-    when a budget fails; nothing is written then. ``report``: a validation report (file or ``to_dict()``) of
+    bundle to ``out``. ``input_shapes`` fill dynamic dimensions (over the target's). Raises ``QualityGateError`` when
+    the compress report's gate failed or a bundled model regresses against ``golden``, and ``BudgetError`` when a
+    budget fails; nothing is written then. ``report``: a validation report (file or ``to_dict()``) of
     this model on this target, used instead of measuring again. ``sign``: a ``edgeopt.signing.Signer``, or the private key
     (file, or ``env:NAME``) to make one with, to sign the manifest. ``golden``: a golden set folder to ship in
-    the bundle (listed, checksummed and signed with the rest); the device validator checks the model against it.
-    Packaging does not judge it again: check with ``edgeopt validate --golden`` (or ``compress --golden``)."""
+    the bundle (listed, checksummed and signed with the rest), after every bundled model is checked against it
+    here (as ``edgeopt validate --golden`` does); the device validator checks the model against it again."""
     from edgeopt.device.bundle_reader import open_bundle
     from edgeopt.signing import Signer
     from edgeopt.versions import tool_versions
@@ -67,6 +70,7 @@ def package(artifact: str | Path, target: str | Path | Target, out: str | Path, 
     primary = model_in(artifact, target.settings.runtime)
     compress_report = _compress_report(artifact)
     models = _models(artifact, primary, formats, target.settings.runtime)
+    checked_golden = _check_golden(golden_set, models, primary, target) if golden_set is not None else None
     validation = _load_report(report, primary, target) if report is not None else \
         validate_on(target, primary, measuring=measuring, input_shapes=input_shapes).to_dict()
     if not validation["passed"]:
@@ -110,7 +114,22 @@ def package(artifact: str | Path, target: str | Path | Target, out: str | Path, 
     }
     path = write_bundle(out, manifest, files, sign=signer)
     checked = open_bundle(path, trust=(signer.public_key,) if signer else None)
-    return PackageResult(path, checked.manifest, path.stat().st_size, checked.sha256)
+    return PackageResult(path, checked.manifest, path.stat().st_size, checked.sha256, checked_golden)
+
+
+def _check_golden(golden: GoldenSet, models: list[Path], primary: Path, target: Target) -> dict[str, dict]:
+    """Every bundled model against the golden set (the primary with the target's settings, another format in its
+    native runtime); a regression raises ``QualityGateError`` before anything is measured or written."""
+    from edgeopt.golden import check_golden
+
+    results = {}
+    for model in models:
+        settings = target.settings if model == primary else RuntimeSettings(runtime=runtime_for(model))
+        result = check_golden(golden, model, settings)
+        if not result.passed:
+            raise QualityGateError(f"{model.name}: quality regression: {result.message()}; not packaged")
+        results[model.name] = result.describe()
+    return results
 
 
 def _golden_entry(golden: GoldenSet | None) -> dict | None:

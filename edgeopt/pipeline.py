@@ -181,7 +181,8 @@ def compress_recipe(model: str | Path, calibration: str | Path, recipe: Recipe, 
             "training": (train_data, train) if train is not None else None})
     if step_report is None:
         step_report = recipe.has_torch_steps
-    recorder = StepRecorder(source, evaluation or calib, gated=gate.outputs) if step_report else None
+    recorder = StepRecorder(source, evaluation or calib, gated=gate.outputs,
+                            metric=gate.metric if evaluation is not None else None) if step_report else None
     ctx = PassContext(calibration=calib, seed=seed, evaluation=evaluation, train=train, quiet=quiet, target=profile,
                       gate=gate)
     try:

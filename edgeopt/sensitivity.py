@@ -38,7 +38,7 @@ class OpSensitivity:
     name: str  # the first operation (the one the report names)
     op_type: str
     operations: tuple[str, ...]  # every operation the group reverts (what ignored_scope must name)
-    score: float  # the gate's figure with only this operation in float (top-1, or worst gated cosine)
+    score: float  # the gate's figure with only this operation in float (Sensitivity.measure says which)
     gain: float  # score minus the INT8 model's: how much of the loss this operation accounts for
     cosine: dict[str, float]  # per output, with only this operation in float
     sqnr_db: dict[str, float]  # per output
@@ -113,17 +113,19 @@ class Reverter:
 
 
 def analyse(fp32_model, quantized_model, samples: SampleSet, gate: QualityGate, output_names: list[str],
-            quiet: bool = True, reverter: Reverter | None = None) -> Sensitivity:
+            quiet: bool = True, reverter: Reverter | None = None, judge: Judge | None = None,
+            int8: Verdict | None = None, subset: str = "") -> Sensitivity:
     """Rank every quantized operation of ``quantized_model`` (an NNCF INT8 OpenVINO model of ``fp32_model``,
-    weights still under FakeQuantize) on ``samples``."""
+    weights still under FakeQuantize) on ``samples``. ``judge`` (on ``samples``) and ``int8`` (its verdict on
+    ``quantized_model``): reused when the caller has them; ``subset``: how ``samples`` were chosen, in words."""
     import time
 
     from nncf.common.logging.track_progress import track
 
     start = time.perf_counter()
     reverter = reverter or Reverter(fp32_model, quantized_model)
-    judge = Judge(fp32_model, samples, gate, output_names)
-    int8 = judge(quantized_model, "int8")
+    judge = judge or Judge(fp32_model, samples, gate, output_names)
+    int8 = int8 or judge(quantized_model, "int8")
     int8_score = judge.score(int8)
     ranges = _activation_ranges(fp32_model, quantized_model, samples)
     measured = []
@@ -139,9 +141,10 @@ def analyse(fp32_model, quantized_model, samples: SampleSet, gate: QualityGate, 
             range_ratio=max((r[0] for r in activation), default=None),
             clipped=max((r[1] for r in activation), default=None)))
     ranked = sorted(measured, key=lambda op: (op.gain, min(op.sqnr_db.values(), default=0.0)), reverse=True)
-    measure = "top-1" if judge.reference.top1 is not None and int8.quality.top1 is not None else \
-        "worst gated output's cosine"
-    return Sensitivity(METHOD, len(samples), measure, int8_score, _cosines(int8), _sqnr(judge, int8),
+    measure = (f"minus the drop of the task metric's {gate.metric.primary}" if gate.metric is not None
+               else "top-1" if judge.reference.top1 is not None and int8.quality.top1 is not None
+               else "worst gated output's cosine")
+    return Sensitivity(METHOD + (f"; on {subset}" if subset else ""), len(samples), measure, int8_score, _cosines(int8), _sqnr(judge, int8),
                        reverter.quantized_ops, tuple(ranked), round(time.perf_counter() - start, 3))
 
 

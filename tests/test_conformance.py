@@ -38,6 +38,29 @@ def test_fast_subset_covers_the_forms_users_hold_models_in():
     assert "gru-stateful-onnx13" in forms and "lstm-stateful" in forms and "bert-mini" in forms
 
 
+def test_table_shows_each_entry_latest_measured_row(tmp_path):
+    """``--table`` reads files and folders of rows files; per entry the row measured last wins, whichever file
+    it is in; a row without ``measured_at`` (older rows files) counts as measured when its file was written."""
+    import os
+
+    def rows(path: Path, *entries: dict) -> None:
+        path.write_text(json.dumps({"rows": [{"form": "f", "exit": 0, **e} for e in entries]}))
+
+    folder = tmp_path / "rows"
+    folder.mkdir()
+    rows(folder / "a.json", {"name": "resnet18", "code": "new", "measured_at": "2026-12-03T07:00:00Z"},
+         {"name": "regnet", "code": "untimed"})
+    rows(folder / "b.json", {"name": "resnet18", "code": "old", "measured_at": "2026-12-03T06:00:00Z"},
+         {"name": "regnet", "code": "timed", "measured_at": "2026-12-03T06:00:00Z"})
+    os.utime(folder / "a.json", (1796274000, 1796274000))  # 2026-12-03T05:00:00Z: before b.json's rows
+    rows(tmp_path / "c.json", {"name": "bert-mini", "code": "single", "measured_at": "2026-12-03T05:00:00Z"})
+    latest = bench.saved_rows(f"{folder},{tmp_path / 'c.json'}")
+    assert {name: row["code"] for name, row in latest.items()} == {"resnet18": "new", "regnet": "timed",
+                                                                    "bert-mini": "single"}
+    lines = bench.table([latest[e.name] for e in bench.CORPUS if e.name in latest]).splitlines()
+    assert lines[0].startswith("| entry | code |") and len(lines) == 2 + 3
+
+
 def test_average_pool_wider_than_its_input_reads_in_openvino(tmp_path):
     """EfficientNet as ``transformers`` writes it pools with ``AvgPool2d(2560, ceil_mode=True)`` on 7x7: ONNX
     Runtime clips the window, OpenVINO's ONNX frontend refuses it; edgeopt reads it as the global pool it is."""

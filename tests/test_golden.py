@@ -104,12 +104,34 @@ def test_a_bad_golden_folder_is_exit_2(setup, tmp_path):
     assert result.exit_code == 2 and "not a golden set" in result.stderr
 
 
+def test_package_checks_the_artifact_against_the_golden_set_before_bundling(setup, tmp_path):
+    """package --golden refuses the broken artifact with exit 3 (before measuring anything, nothing written) and
+    reports the good one's check in its JSON."""
+    root, golden, target = setup
+    broken = run("package", root / "broken", "--target", target, "--golden", golden, *FAST,
+                 "--out", tmp_path / "broken.tar.gz")
+    assert broken.exit_code == 3, broken.output
+    assert broken.stderr.startswith("edgeopt: model.xml: quality regression: golden set")
+    assert "worst samples: #" in broken.stderr and "not packaged" in broken.stderr
+    assert list(tmp_path.iterdir()) == []
+    good = run("package", root / "good", "--target", target, "--golden", golden, *FAST,
+               "--out", tmp_path / "good.tar.gz", "--json", tmp_path / "good.json")
+    assert good.exit_code == 0, good.output
+    checked = json.loads((tmp_path / "good.json").read_text())["golden"]
+    assert list(checked) == ["model.xml"] and checked["model.xml"]["passed"]
+    assert checked["model.xml"]["metric"]["primary"] == "f1" and checked["model.xml"]["metric"]["passed"]
+
+
 @pytest.mark.slow
-def test_the_device_validator_checks_the_bundled_golden_set(setup, tmp_path):
+def test_the_device_validator_checks_the_bundled_golden_set(setup, tmp_path, monkeypatch):
     """Bundles of the good and the broken artifact carry the golden set (signed with the rest); the lean
     validator in a numpy + OpenVINO venv passes the first, evaluating the shipped F1 with --run-metric, and
-    exits 3 on the second naming the worst samples."""
+    exits 3 on the second naming the worst samples. (package's own golden check would refuse the broken one;
+    it is skipped here, as if the regression appeared on the device only — a runtime or ISA the host lacks.)"""
+    import edgeopt.packaging
+
     root, golden, target = setup
+    monkeypatch.setattr(edgeopt.packaging, "_check_golden", lambda *args: None)
     for name in ("good", "broken"):
         result = run("package", root / name, "--target", target, "--golden", golden, *FAST,
                      "--out", tmp_path / f"{name}.tar.gz")

@@ -113,14 +113,15 @@ def test_recipe_and_profile_name_a_metric(tmp_path):
 
 @pytest.fixture(scope="module")
 def detector_int8(tmp_path_factory):
-    """The tiny detector compressed to INT8 with F1 as the gate."""
+    """The tiny detector compressed to INT8 with F1 as the gate (and the step report)."""
     from click.testing import CliRunner
 
     from edgeopt.cli import main
 
     out = tmp_path_factory.mktemp("detector") / "out"
     result = CliRunner().invoke(main, ["compress", MODEL, "--calib", CALIB, "--eval", EVAL, "--metric", F1,
-                                       "--format", "openvino", "--out", str(out)], catch_exceptions=False)
+                                       "--format", "openvino", "--step-report", "--out", str(out)],
+                                 catch_exceptions=False)
     return result, out, json.loads((out / "report.json").read_text())
 
 
@@ -138,6 +139,22 @@ def test_compress_is_gated_by_the_user_metric(detector_int8):
     assert math.isclose(check["drop"], check["reference"] - check["value"])
     assert quality["artifacts"]["openvino"]["check"].startswith("f1 ")  # the metric decides, not cosine
     assert set(quality["artifacts"]["openvino"]["outputs"]) == {"boxes", "scores"}  # fidelity still reported
+
+
+def test_the_step_report_shows_the_metric(detector_int8):
+    """The step report measures what the gate decides on: F1 after every step, beside top-1 and cosine."""
+    result, _, report = detector_int8
+    steps = report["steps"]
+    assert steps["metric"]["name"] == F1 and steps["metric"]["primary"] == "f1"
+    rows = {row["step"]: row for row in steps["rows"]}
+    assert list(rows) == ["original", "int8"]
+    quality = report["quality"]
+    # the same evaluation set: the FP32 IR's F1 is the original's, the INT8 step's is the artifact's
+    assert rows["original"]["metric"] == pytest.approx(quality["original"]["metric"]["value"], abs=1e-3)
+    assert rows["int8"]["metric"] == pytest.approx(quality["artifacts"]["openvino"]["metric"]["value"], abs=1e-3)
+    header = next(line for line in result.output.splitlines() if "p50 ms" in line)
+    assert "f1" in header.split() and "cosine" in header.split()
+    assert f"f1: task metric {F1}" in " ".join(result.output.split())
 
 
 def test_the_metric_gate_fails_with_exit_3_when_the_artifact_is_worse(detector_int8, cli, tmp_path):
@@ -260,3 +277,34 @@ def test_int8_ac_validation_fn_negates_a_lower_is_better_metric(tmp_path):
     scores = [np.asarray(compiled(feeds)[compiled.outputs[1]]).max() for feeds, _ in items]
     expected = np.mean([abs(s - min(len(evaluation.targets[i]), 1)) for s, (_, i) in zip(scores, items)])
     assert math.isclose(validate(compiled, items), -expected, rel_tol=1e-6)
+
+
+def test_sensitivity_ranks_operations_by_the_metric():
+    """With a task metric in the gate, the per-operation sensitivity scores each operation by minus the metric's
+    drop (the repair's figure), on the evaluation samples INT8 gets most wrong."""
+    from edgeopt.data import load_samples
+    from edgeopt.evaluate import QualityGate
+    from edgeopt.formats import FORMATS
+    from edgeopt.judge import Judge
+    from edgeopt.passes.quantize import Int8Config, quantize_openvino
+    from edgeopt.sensitivity import analyse
+    from edgeopt.source import load_model
+    from edgeopt.user_metric import load_metric
+
+    source = load_model(MODEL, {})
+    fp32 = FORMATS["openvino"].from_torch(source.torch_module, source.example_input, source.input_names,
+                                          source.output_names)
+    int8 = quantize_openvino(fp32, None, load_samples(CALIB, source.inputs), Int8Config(),
+                             compress_weights=False).model
+    gate = QualityGate(metric=load_metric(F1))
+    evaluation = load_samples(EVAL, source.inputs)
+    judge = Judge(fp32, evaluation, gate, source.output_names)
+    ranking = judge.worst_samples(judge(int8), 48)
+    result = analyse(fp32, int8, ranking, gate, source.output_names)
+    assert result.measure == "minus the drop of the task metric's f1" and result.samples == 48
+    on_ranking = Judge(fp32, ranking, gate, source.output_names)
+    assert result.int8_score == pytest.approx(on_ranking.score(on_ranking(int8)))
+    assert result.int8_score < 0  # INT8 loses F1 on the samples it gets most wrong
+    first = result.ranked[0]
+    assert first.gain == pytest.approx(first.score - result.int8_score) and first.gain > 0
+    assert all(a.gain >= b.gain for a, b in zip(result.ranked, result.ranked[1:]))

@@ -51,6 +51,32 @@ def test_sensitivity_puts_the_planted_outlier_layer_first(outlier_data):
     assert all(0 <= op.clipped < 1 for op in result.ranked)
 
 
+def test_the_ranking_subset_is_the_samples_int8_gets_most_wrong(outlier_data):
+    """As NNCF's accuracy control ranks: the sensitivity runs on the evaluation samples with the lowest cosine of
+    any gated output under INT8; asking for at least every sample keeps the set."""
+    from edgeopt.data import load_samples
+    from edgeopt.evaluate import QualityGate, sample_cosines
+    from edgeopt.formats import FORMATS
+    from edgeopt.judge import Judge
+    from edgeopt.passes.quantize import Int8Config, quantize_openvino
+    from edgeopt.source import load_model
+
+    source = load_model(OUTLIER_MODEL, {})
+    fp32 = FORMATS["openvino"].from_torch(source.torch_module, source.example_input, source.input_names,
+                                          source.output_names)
+    evaluation = load_samples(outlier_data[1], source.inputs)
+    int8 = quantize_openvino(fp32, None, load_samples(outlier_data[0], source.inputs), Int8Config(),
+                             compress_weights=False).model
+    judge = Judge(fp32, evaluation, QualityGate(), source.output_names)
+    verdict = judge(int8)
+    cosines = sample_cosines(verdict.outputs.values[0], judge.reference_outputs.values[0])
+    picked = judge.worst_samples(verdict, 8)
+    worst = sorted(np.argsort(cosines)[:8])
+    assert len(picked) == 8 and all(picked.samples[i] is evaluation.samples[j] for i, j in enumerate(worst))
+    assert cosines[worst].max() <= np.sort(cosines)[8]
+    assert judge.worst_samples(verdict, len(evaluation)) is evaluation
+
+
 @pytest.mark.slow
 def test_repair_passes_the_gate_names_the_ops_and_reproduces_in_one_step(cli, outlier_data, tmp_path):
     calib, evaluation = outlier_data
@@ -128,3 +154,31 @@ def test_optimize_repairs_when_int8_misses_the_gate_and_draws_the_worst_layers(o
     assert repaired["repair"]["passed_rung"] == "float_islands" and repaired["repair"]["island_precision"] == "f16"
     page = (tmp_path / "out" / "report.html").read_text()
     assert "worst layers (int8-repair)" in page and (tmp_path / "out" / "worst_layers.png").is_file()
+
+
+@pytest.mark.slow
+def test_repair_keeps_the_transformers_smooth_quant_choice_on_later_rungs(cli, tmp_path):
+    """A transformer's int8 step chooses SmoothQuant by measurement (two calibrations): the repair records the
+    choice with the rung and keeps it on every later rung and in the reproducing recipe, instead of choosing
+    (and calibrating twice) again. A 2-layer BERT under a gate no INT8 model meets runs the whole ladder."""
+    from conftest import ROOT
+    from edgeopt.source import load_model
+
+    model = f"{ROOT / 'bench' / 'conformance_models.py'}:bert_mini"
+    rng = np.random.default_rng(0)
+    for name, count in (("calib", 32), ("eval", 16)):
+        np.savez(tmp_path / f"{name}.npz", **{
+            spec.name: (rng.integers(0, 1000, (count, *spec.shape)) if i == 0 else np.ones((count, *spec.shape)))
+            .astype(np.int64) for i, spec in enumerate(load_model(model, {}).inputs)})
+    result = cli("compress", model, "--calib", tmp_path / "calib.npz", "--eval", tmp_path / "eval.npz", "--repair",
+                 "--min-cosine", "0.99999", "--format", "openvino", "--out", tmp_path / "out", "--quiet")
+    assert result.exit_code in (0, 3), result.output
+    rungs = json.loads((tmp_path / "out" / "report.json").read_text())["decisions"]["int8_repair"]["rungs"]
+    assert [r["rung"] for r in rungs][:3] == ["int8", "smooth_quant", "bias_correction"]
+    chosen = rungs[0]["params"]["smooth_quant_alpha"]
+    assert chosen in (0.95, -1.0)  # NNCF's alpha, or off
+    assert rungs[1]["params"]["smooth_quant_alpha"] == 0.5
+    assert all(r["params"]["smooth_quant_alpha"] in (chosen, 0.5) for r in rungs[2:])
+    if result.exit_code == 0:
+        recipe = tomllib.loads((tmp_path / "out" / "recipe.toml").read_text())
+        assert recipe["step"][0]["smooth_quant_alpha"] in (chosen, 0.5)

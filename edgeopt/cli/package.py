@@ -21,8 +21,9 @@ from edgeopt.out_guard import input_bytes
 @click.option("--preprocess", type=click.Path(dir_okay=False), default=None,
               help="preprocess.toml describing the input preprocessing, recorded in the manifest.")
 @click.option("--golden", default=None, type=click.Path(file_okay=False),
-              help="Ship this golden set (`edgeopt golden create`) in the bundle: `python -m edgeopt.device "
-                   "validate` then checks quality on the device too (docs/golden.md).")
+              help="Check every bundled model against this golden set (`edgeopt golden create`; exit 3 on a "
+                   "regression, nothing written), then ship it in the bundle: `python -m edgeopt.device validate` "
+                   "checks quality on the device too (docs/golden.md).")
 @click.option("--input-shape", "input_shapes", multiple=True, help="NAME=D1,D2,... for dynamic inputs.")
 @click.option("--runs", default=300, show_default=True, type=click.IntRange(min=1),
               help="Without --report: timed inferences for validation (at least).")
@@ -38,7 +39,8 @@ def package(artifact, target, out, formats, report, build_id, preprocess, input_
             sign, json_out, quiet, force, golden):
     """Validate ARTIFACT (.xml, .onnx or an `edgeopt compress` folder) on a target and write a device bundle.
 
-    Exit 0 ok, 2 bad input, 3 the artifact failed its quality gate, 4 a device budget failed (nothing written).
+    Exit 0 ok, 2 bad input, 3 the artifact failed its quality gate or regressed against --golden, 4 a device budget
+    failed (nothing written).
     """
     from edgeopt.formats import parse_formats
     from edgeopt.targets import Measuring

@@ -71,6 +71,7 @@ class Quantized:
     note: str  # preset, subset, model type, SmoothQuant and FFN down-projections kept in float, in words
     transformer: bool
     ffn_down_float: bool  # the FFN down-projections were kept in float (``Int8Config.ffn_down_float``)
+    smooth_quant_alpha: float | None = None  # the alpha used on MatMul inputs (transformers; -1: off), chosen or set
 
 
 def quantize_openvino(ov_model, source_model_type: str | None, calibration, config: Int8Config, *,
@@ -126,7 +127,8 @@ def quantize_openvino(ov_model, source_model_type: str | None, calibration, conf
             if ffn_down_float else "")
     note = (f"preset={chosen}, subset={kwargs['subset_size']} samples, model_type={kind.describe()}"
             f"{smooth_quant}{kept}")
-    return Quantized(quantized, kwargs, note, transformer, ffn_down_float)
+    return Quantized(quantized, kwargs, note, transformer, ffn_down_float,
+                     smooth_quant_alpha if transformer else None)
 
 
 def compress_quantized_weights(ov_model) -> None:

@@ -40,7 +40,8 @@ SMOOTH_QUANT_ALPHA = 0.5  # the SmoothQuant paper's default; NNCF's is 0.95
 class Int8RepairConfig(StepConfig):
     """``max_float_share``: the most operations the ``float_ops`` rung keeps in float, as a share of the quantized
     ones; ``islands``: allow more (``float_islands``) where the device runs float in FP16/BF16;
-    ``ranking_samples``: evaluation samples the sensitivity analysis runs on."""
+    ``ranking_samples``: evaluation samples the sensitivity analysis runs on (those the INT8 model gets most
+    wrong, as NNCF's accuracy control ranks)."""
 
     subset_size: int = number(300, "[1, inf)")
     max_float_share: float = number(0.1, "[0, 1]")
@@ -51,10 +52,10 @@ class Int8RepairConfig(StepConfig):
 @dataclass
 class Rung:
     rung: str
-    params: dict  # the int8 step's parameters tried
+    params: dict  # the int8 step's parameters tried, with what it chose by measurement (SmoothQuant alpha) pinned
     passed: bool
     check: str  # the gate's verdict in words
-    score: float  # the gate's figure (top-1, or worst gated cosine)
+    score: float  # the gate's figure (Judge.score: minus the metric's drop, top-1, or worst gated cosine)
     seconds: float
 
 
@@ -89,27 +90,33 @@ def int8_repair(model: WorkingModel, ctx: PassContext, config: Int8RepairConfig)
     judge = Judge(fp32, ctx.evaluation, gate, names)
     repair = Repair()
 
-    def attempt(rung: str, params: dict) -> tuple[Verdict, Quantized]:
+    def attempt(rung: str, params: dict) -> tuple[Verdict, Quantized, dict]:
+        """The int8 step with ``params``, judged; the parameters returned pin what it chose by measurement."""
         began = time.perf_counter()
         quantized = quantize_openvino(fp32, model.source.model_type, ctx.calibration,
                                       Int8Config(subset_size=config.subset_size, **params), compress_weights=False)
         verdict = judge(quantized.model, rung)
-        repair.rungs.append(Rung(rung, dict(params), verdict.passed, verdict.check, judge.score(verdict),
+        params = {**params, **_chosen(quantized)}
+        repair.rungs.append(Rung(rung, params, verdict.passed, verdict.check, judge.score(verdict),
                                  round(time.perf_counter() - began, 3)))
-        return verdict, quantized
+        return verdict, quantized, params
 
     params, best = {}, None
     for rung, change in _ladder(fp32, model.source.model_type):
-        trial = {**params, **change}
-        verdict, quantized = attempt(rung, trial)
+        verdict, quantized, trial = attempt(rung, {**params, **change})
         if verdict.passed:
             return _finish(model, repair, rung, trial, quantized.model, quantized.note, start)
         if best is None or _closer(judge, judge.score(verdict), judge.score(best[0])):
             params, best = trial, (verdict, quantized)
 
     reverter = Reverter(fp32, best[1].model)
-    repair.sensitivity = analyse(fp32, best[1].model, ctx.evaluation.take(config.ranking_samples), gate, names,
-                                 quiet=ctx.quiet, reverter=reverter)
+    ranking = judge.worst_samples(best[0], config.ranking_samples)
+    every = ranking is judge.samples  # then the ladder's judge and its verdict on the INT8 model are reused
+    repair.sensitivity = analyse(
+        fp32, best[1].model, ranking, gate, names, quiet=ctx.quiet, reverter=reverter,
+        judge=judge if every else None, int8=best[0] if every else None,
+        subset=(f"all {len(ranking)} evaluation samples" if every else f"the {len(ranking)} of {len(judge.samples)} "
+                "evaluation samples the INT8 model gets most wrong (NNCF's ranking subset selection)"))
     ranked = list(repair.sensitivity.ranked)
     total = max(repair.sensitivity.quantized_ops, 1)
 
@@ -141,7 +148,7 @@ def int8_repair(model: WorkingModel, ctx: PassContext, config: Int8RepairConfig)
         repair.island_precision = island_precision if rung == "float_islands" else None
         # the same operations in NNCF's ignored scope: one int8 step reproduces it (calibrated with them in float)
         step = {**params, "ignored_scope": operations(k)}
-        verdict, quantized = attempt(f"{rung} k={k}", step)
+        verdict, quantized, step = attempt(f"{rung} k={k}", step)
         if verdict.passed:
             return _finish(model, repair, rung, step, quantized.model, quantized.note, start)
         model.notes.append(f"int8_repair: with the same operations in the ignored scope the recalibrated model "
@@ -150,6 +157,12 @@ def int8_repair(model: WorkingModel, ctx: PassContext, config: Int8RepairConfig)
     model.notes.append("int8_repair: no rung passed the quality gate; keeping the closest model "
                        f"({best[0].check})")
     _finish(model, repair, None, params, best[1].model, best[1].note, start)
+
+
+def _chosen(quantized: Quantized) -> dict:
+    """What the int8 step chose by measurement, pinned for the later rungs and the final recipe: a transformer's
+    SmoothQuant alpha (choosing it again would cost two calibrations per rung, and could pick differently)."""
+    return {"smooth_quant_alpha": quantized.smooth_quant_alpha} if quantized.smooth_quant_alpha is not None else {}
 
 
 def _closer(judge: Judge, score: float, best: float) -> bool:

@@ -134,18 +134,22 @@ def print_step_report(report, out: Console) -> None:
     """One row per recipe step: what it cost and what it bought; "smaller" and "faster" compare with the original."""
     how = report.describe()["measured_with"]
     table = Table(title="after each step", box=box.SIMPLE_HEAD, pad_edge=False)
-    for column in ("step", "prec", "params", "MACs", "IR size", "smaller", "top-1", "cosine", "p50 ms", "faster"):
+    metric = report.metric.primary if report.metric else None  # the gate's task metric, when it has one
+    for column in ("step", "prec", "params", "MACs", "IR size", "smaller", "top-1", *([metric] if metric else ()),
+                   "cosine", "p50 ms", "faster"):
         table.add_column(column, justify="left" if column in ("step", "prec") else "right", no_wrap=True)
     first = report.rows[0]
     for row in report.rows:
         table.add_row(row.step, row.precision, _count(row.params), _count(row.macs),
                       format_bytes(row.ir_bytes), f"{first.ir_bytes / row.ir_bytes:.2f}x",
                       "-" if row.top1 is None else f"{row.top1 * 100:.2f}%",
+                      *([("-" if row.metric is None else f"{row.metric:.4f}")] if metric else ()),
                       "-" if row.cosine is None else f"{row.cosine:.4f}", f"{row.p50_ms:.3f}",
                       f"{first.p50_ms / row.p50_ms:.2f}x")
     Console(highlight=False, width=max(out.width, 120)).print(table)  # ten columns: never squeeze into 80
     out.print(f"latency: {how['latency']}; threads={report.settings.threads}, inference precision "
-              f"{report.settings.inference_precision}; host {how['host_cpu']}; quality: {how['quality']}")
+              f"{report.settings.inference_precision}; host {how['host_cpu']}; quality: {how['quality']}"
+              + (f"; {metric}: task metric {report.metric.name}" if metric else ""))
 
 
 def _count(value: int | None) -> str:

@@ -40,23 +40,27 @@ def latency_histograms(report: dict) -> bytes | None:
 
 
 def tradeoff(report: dict) -> bytes | None:
-    """p50 latency vs accuracy drop; marker area ∝ file size; colour = verdict."""
+    """p50 latency vs quality loss (the task metric's drop when the gate has one, else top-1 drop or 1 − cosine);
+    marker area ∝ file size; colour = verdict."""
     measured = [c for c in report["candidates"] if c["latency_ms"]]
     if not measured:
         return None
     plt = _pyplot()
-    labelled = all(c["quality"]["top1_drop"] is not None for c in measured)
+    metric = all(c["quality"].get("metric") is not None for c in measured)
+    labelled = not metric and all(c["quality"]["top1_drop"] is not None for c in measured)
     fig, ax = plt.subplots(figsize=(8, 5))
     biggest = max(c["file_bytes"] for c in measured)
     for index, c in enumerate(measured):
         x = c["latency_ms"]["p50_ms"]
-        y = c["quality"]["top1_drop"] * 100 if labelled else 1 - c["quality"]["cosine"]
+        y = (c["quality"]["metric"]["drop"] if metric else c["quality"]["top1_drop"] * 100 if labelled
+             else 1 - c["quality"]["cosine"])
         status = _status(report, c)
         ax.scatter([x], [y], s=60 + 900 * c["file_bytes"] / biggest, color=_COLOURS[status], alpha=0.6,
                    edgecolors="black")
         ax.annotate(f"{c['label']}\n{c['file_bytes'] / 1e6:.3g} MB, {status}", (x, y), fontsize=8,
                     xytext=(8, 8 if index % 2 == 0 else -24), textcoords="offset points")  # alternate: no overlap
-    gate = report["gate"]["max_top1_drop"] * 100 if labelled else 1 - report["gate"]["min_cosine"]
+    gate = (measured[0]["quality"]["metric"]["threshold"] if metric else report["gate"]["max_top1_drop"] * 100
+            if labelled else 1 - report["gate"]["min_cosine"])
     ax.axhline(gate, color="#cf222e", linestyle="--", linewidth=1, label="quality gate")
     budget = report["target"]["budgets"].get("p50_ms")
     xs = [c["latency_ms"]["p50_ms"] for c in measured]
@@ -64,7 +68,8 @@ def tradeoff(report: dict) -> bytes | None:
         ax.axvline(budget, color="#cf222e", linewidth=1, label="p50 budget")
     ax.set_xscale("log")
     ax.set_xlabel("p50 latency, ms (batch 1, log scale)")
-    ax.set_ylabel("top-1 drop, percentage points" if labelled else "1 − cosine to the original")
+    ax.set_ylabel(f"{measured[0]['quality']['metric']['primary']} drop (task metric)" if metric
+                  else "top-1 drop, percentage points" if labelled else "1 − cosine to the original")
     ax.set_title("size (marker area) vs latency vs accuracy", fontsize=10)
     ax.legend(fontsize=8)
     ax.margins(0.25)

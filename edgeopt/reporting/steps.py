@@ -2,7 +2,8 @@
 
 After each step the working model is saved as OpenVINO IR (as ``save_artifacts`` would) and run on the evaluation
 data (accuracy on the labelled output, fidelity to the original's outputs: the worst of the gated outputs, as the
-quality gate judges). When the recipe is done, every step's IR is timed at batch 1
+quality gate judges, and the user's task metric when the gate has one: its primary value, the figure the gate
+decides on). When the recipe is done, every step's IR is timed at batch 1
 with pinned runtime settings, in interleaved rounds, so that load from other processes hits every step alike and
 the "faster" column compares steps rather than moments.
 """
@@ -18,6 +19,7 @@ from edgeopt.device.host import host_info
 from edgeopt.device.measure import time_interleaved
 from edgeopt.device.runtime import OpenVINOSession, RuntimeSettings, random_feeds, runtime_version
 from edgeopt.device.stats import latency_stats
+from edgeopt.device.task_metric import MetricSpec
 from edgeopt.evaluate import Outputs, all_outputs, measure_outputs, torch_predictor
 from edgeopt.formats import FORMATS, REFERENCE
 from edgeopt.passes.base import WorkingModel
@@ -33,6 +35,7 @@ class StepRow:
     precision: str
     top1: float | None  # on the report's data, when it has labels (the labelled output)
     cosine: float | None  # mean cosine similarity to the original's, of the worst gated output
+    metric: float | None  # the task metric's primary value (StepReport.metric names it), when the gate has one
     p50_ms: float  # filled in by StepRecorder.finish, which times all steps together
 
 
@@ -44,6 +47,7 @@ class StepReport:
     runs: int
     warmup: int
     rounds: int
+    metric: MetricSpec | None = None  # the gate's task metric, evaluated after every step
     rows: list[StepRow] = field(default_factory=list)
 
     def describe(self) -> dict:
@@ -57,6 +61,7 @@ class StepReport:
                 "quality": f"{self.samples} samples of {self.data}, OpenVINO with the same settings",
                 "params_macs": "torch_pruning.utils.count_ops_and_params on the PyTorch module",
             },
+            "metric": self.metric.describe() if self.metric else None,
             "rows": [asdict(row) for row in self.rows],
         }
 
@@ -65,12 +70,12 @@ class StepRecorder:
     """Callable the pipeline invokes after each step with ``(label, working_model)``; ``finish`` times the steps."""
 
     def __init__(self, source: SourceModel, data: SampleSet, threads: int | None = None, runs: int = 200,
-                 warmup: int = 20, rounds: int = 10, gated: tuple[str, ...] = ()):
+                 warmup: int = 20, rounds: int = 10, gated: tuple[str, ...] = (), metric: MetricSpec | None = None):
         threads = threads or host_info().usable_cpus
         self.source = source
         self.data = data
         self.report = StepReport(data.source, len(data), RuntimeSettings(inference_precision="f32", threads=threads),
-                                 runs, warmup, rounds)
+                                 runs, warmup, rounds, metric)
         self.gated = gated  # the outputs the quality gate looks at (every output when empty)
         self._reference: Outputs | None = None
         self._folder = tempfile.TemporaryDirectory(prefix="edgeopt-steps-")  # IRs stay while their models are open
@@ -86,10 +91,12 @@ class StepRecorder:
         outputs = all_outputs(session.infer, self.data, self.source.output_names)
         if self._reference is None:
             self._reference = self._original_outputs(outputs)
-        quality = measure_outputs(label, outputs, self.data.labels, self._reference, gated=self.gated)
+        quality = measure_outputs(label, outputs, self.data.labels, self._reference, gated=self.gated,
+                                  metric=self.report.metric, targets=self.data.targets)
         self._sessions.append(session)
         self.report.rows.append(StepRow(label, *counts, size, working.precision, quality.top1,
-                                        quality.fidelity.cosine, p50_ms=float("nan")))
+                                        quality.fidelity.cosine, quality.metric.value if quality.metric else None,
+                                        p50_ms=float("nan")))
 
     def finish(self) -> StepReport:
         """Time every step's model in interleaved rounds, fill in the rows and release the compiled models."""
