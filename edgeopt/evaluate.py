@@ -26,7 +26,8 @@ EVAL_SETTINGS = RuntimeSettings(inference_precision="f32", threads=None)  # how 
 class Fidelity:
     """How closely one output follows the reference's, over all samples."""
 
-    cosine: float  # mean over samples of the cosine similarity of the flattened output
+    cosine: float  # mean over samples of the cosine similarity of the flattened output (one value per sample:
+    # the cosine of all samples' values, ``compare_outputs``)
     max_abs_error: float
     mean_abs_error: float
     top1_agreement: float | None  # share of samples whose argmax matches (classifier outputs only)
@@ -240,15 +241,21 @@ def language_model_ids(predict, samples: SampleSet) -> np.ndarray | None:
 def compare_outputs(outputs: np.ndarray, reference: np.ndarray, output: str | None = None,
                     classifier: bool | None = None) -> Fidelity:
     """Fidelity of ``outputs`` (samples x ...) to ``reference``; top-1 agreement for a classifier output (by
-    default: any output of more than one value per sample)."""
+    default: any output of more than one value per sample). The cosine is per sample, except for an output of one
+    value per sample (a VAD's speech probability, a score): the cosine of one number is only its sign, so those
+    are compared as one vector across the samples."""
     a = outputs.astype(np.float64).reshape(len(outputs), -1)
     b = reference.astype(np.float64).reshape(len(reference), -1)
+    scalar = a.shape[1] == 1 and len(a) > 1
+    if scalar:
+        a, b = a.T, b.T
     norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
     both_zero = (np.linalg.norm(a, axis=1) == 0) & (np.linalg.norm(b, axis=1) == 0)
     cosine = np.where(norms > 0, np.sum(a * b, axis=1) / np.maximum(norms, 1e-300), np.where(both_zero, 1.0, 0.0))
     error = np.abs(a - b)
     classifier = a.shape[1] > 1 if classifier is None else classifier
-    agreement = float(np.mean(a.argmax(axis=1) == b.argmax(axis=1))) if classifier and a.shape[1] > 1 else None
+    agreement = float(np.mean(a.argmax(axis=1) == b.argmax(axis=1))) if classifier and not scalar and a.shape[1] > 1 \
+        else None
     return Fidelity(float(cosine.mean()), float(error.max()), float(error.mean()), agreement, output)
 
 

@@ -136,3 +136,14 @@ def test_two_sample_rates_keep_the_input(cli, vad, tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert "pinned_inputs" not in report["decisions"]
     assert "sr" in [i.name for i in ort.InferenceSession(str(out / "model.onnx")).get_inputs()]
+
+
+def test_one_value_per_sample_is_compared_across_samples():
+    """A speech probability per chunk: per-sample cosine of one positive number is always 1, whatever the value."""
+    from edgeopt.evaluate import compare_outputs
+
+    reference = np.array([[0.9], [0.8], [0.1]])
+    swapped = np.array([[0.1], [0.8], [0.9]])  # speech and silence swapped
+    fidelity = compare_outputs(swapped, reference)
+    assert fidelity.cosine == pytest.approx(0.82 / 1.46) and fidelity.top1_agreement is None
+    assert compare_outputs(reference.copy(), reference).cosine == pytest.approx(1.0)
