@@ -59,6 +59,8 @@ class Entry:
     fast: bool = False  # in the fast subset tests/test_conformance.py runs in CI (no downloads, small)
     conv: bool = False  # a conv net: its ONNX INT8 must be >= 3x smaller than FP32
     vad: bool = False  # a streaming voice-activity model (Silero's interface): data and fidelity from a stream
+    recipe: str | None = None  # a recipe (TOML text) given with --recipe instead of the default
+    formats: str | None = None  # --format, when not both
 
 
 def factory(name: str) -> str:
@@ -96,6 +98,15 @@ CORPUS = [
           "wheels/silero_vad/data/silero_vad_op18_ifless.onnx", VAD_SHAPES, trained=True, vad=True),
     Entry("silero-vad-op15", "stateful VAD 16 kHz, If on shapes (trained)", "onnx file",
           "wheels/silero_vad/data/silero_vad_16k_op15.onnx", VAD_SHAPES, trained=True, vad=True),
+    Entry("silero-vad-op18-mm", "silero-vad-op18 with int8 model_type=transformer (MatMul/Conv only)",
+          "onnx file", "wheels/silero_vad/data/silero_vad_op18_ifless.onnx", VAD_SHAPES, trained=True, vad=True,
+          recipe='[[step]]\nname = "int8"\nmodel_type = "transformer"\n'),
+    Entry("silero-vad-mm", "silero-vad with int8 model_type=transformer (MatMul/Conv only)",
+          "onnx file", "wheels/silero_vad/data/silero_vad.onnx", VAD_SHAPES, trained=True, vad=True,
+          recipe='[[step]]\nname = "int8"\nmodel_type = "transformer"\n'),
+    Entry("silero-vad-w8", "silero-vad, IR with INT8 weights only (weights mode=int8_asym)", "onnx file",
+          "wheels/silero_vad/data/silero_vad.onnx", VAD_SHAPES, trained=True, vad=True,
+          recipe='[[step]]\nname = "weights"\nmode = "int8_asym"\n', formats="openvino"),
     Entry("mtcnn-onet", "face landmarks CNN, 3 outputs (trained)", "pytorch factory",
           factory("mtcnn_onet_trained"), trained=True),
     Entry("minilm-l6", "BERT sentence encoder 22M (trained)", "pytorch factory", factory("minilm_trained"),
@@ -404,8 +415,16 @@ def anchor(fp32_onnx: Path, samples: list[dict], out: Path) -> tuple[Path | None
 
 
 def per_output_cosine(got: list[list[np.ndarray]], want: list[list[np.ndarray]]) -> list[float]:
+    """Per output, the mean cosine over samples; an output of one value per sample is compared across samples
+    (as edgeopt's gate does: the cosine of one number is only its sign)."""
     cosines = []
     for index in range(len(want[0])):
+        if np.size(want[0][index]) == 1:
+            a = np.array([np.ravel(g[index])[0] for g in got], np.float64)
+            b = np.array([np.ravel(w[index])[0] for w in want], np.float64)
+            norms = np.linalg.norm(a) * np.linalg.norm(b)
+            cosines.append(round(float(a @ b / norms) if norms > 0 else float(np.allclose(a, b)), 4))
+            continue
         values = []
         for g, w in zip(got, want):
             a = np.asarray(g[index], dtype=np.float64).ravel()
@@ -492,6 +511,11 @@ def run_entry(entry: Entry, work: Path, timing: bool = True) -> dict:
         np.savez(calib, **make_data(source.inputs, CALIB, 0, entry.text))
         np.savez(held, **make_data(source.inputs, EVAL, 1, entry.text))
     common = [spec, "--calib", str(calib), "--eval", str(held), *shape_args]
+    if entry.recipe:
+        (work / "recipe.toml").write_text(entry.recipe)
+        common += ["--recipe", str(work / "recipe.toml")]
+    if entry.formats:
+        common += ["--format", entry.formats]
     start = time.perf_counter()
     rc, message = run_edgeopt([*common, "--out", str(work / "int8")])
     row.update(exit=rc, message=message if rc else "", seconds=round(time.perf_counter() - start, 1))
@@ -521,10 +545,13 @@ def run_entry(entry: Entry, work: Path, timing: bool = True) -> dict:
     row["anchor_error"] = anchor_error or None
     size = lambda p: p.stat().st_size + (p.with_suffix(".bin").stat().st_size if p.suffix == ".xml" else 0)  # noqa
     row["ir_size_ratio"] = round(size(int8_ir) / size(fp32_ir), 3)
-    row["onnx_size_ratio"] = round(size(int8_onnx) / size(source_onnx), 3)
-    ort_models = [source_onnx, int8_onnx] + ([anchor_path] if anchor_path else [])
+    has_onnx = int8_onnx.exists()  # not with an entry's --format openvino
+    if has_onnx:
+        row["onnx_size_ratio"] = round(size(int8_onnx) / size(source_onnx), 3)
+    ort_models = [source_onnx] + ([int8_onnx] if has_onnx else []) + ([anchor_path] if anchor_path else [])
     reference = outputs_of(source_onnx, "onnxruntime", samples)
-    row["fidelity_onnx"] = per_output_cosine(outputs_of(int8_onnx, "onnxruntime", unpinned), reference)
+    if has_onnx:
+        row["fidelity_onnx"] = per_output_cosine(outputs_of(int8_onnx, "onnxruntime", unpinned), reference)
     row["fidelity_ir"] = per_output_cosine(outputs_of(int8_ir, "openvino", unpinned),
                                            outputs_of(fp32_ir, "openvino", unpinned))
     if anchor_path:
@@ -532,7 +559,8 @@ def run_entry(entry: Entry, work: Path, timing: bool = True) -> dict:
         row["fidelity_anchor"] = per_output_cosine(outputs_of(anchor_path, "onnxruntime", samples), reference)
     row["outputs"] = len(reference[0])
     if entry.vad:
-        row["stream"] = stream_fidelity({"onnx": (int8_onnx, "onnxruntime"), "ir": (int8_ir, "openvino"),
+        row["stream"] = stream_fidelity({**({"onnx": (int8_onnx, "onnxruntime")} if has_onnx else {}),
+                                         "ir": (int8_ir, "openvino"),
                                          "fp32_ir": (fp32_ir, "openvino"),
                                          **({"anchor": (anchor_path, "onnxruntime")} if anchor_path else {})},
                                         source_onnx)
@@ -540,7 +568,8 @@ def run_entry(entry: Entry, work: Path, timing: bool = True) -> dict:
         return row
     ort = timed(ort_models, "onnxruntime", samples[0])  # each session binds the inputs it has (pinned: no sr)
     ov = timed([fp32_ir, int8_ir], "openvino", samples[0])
-    row["ort_p50_ms"] = {"fp32": ort[0], "int8": ort[1], **({"anchor": ort[2]} if anchor_path else {})}
+    row["ort_p50_ms"] = {"fp32": ort[0], **({"int8": ort[1]} if has_onnx else {}),
+                         **({"anchor": ort[-1]} if anchor_path else {})}
     row["ov_p50_ms"] = {"fp32": ov[0], "int8": ov[1]}
     return row
 
