@@ -122,6 +122,26 @@ def test_one_sample_rate_compresses_with_the_rate_pinned(cli, vad, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_hook_giving_one_rate_pins_it_too(cli, vad, tmp_path):
+    """The same from a ``file.py:function`` data hook yielding Python ints for the rate."""
+    hook = tmp_path / "hook.py"
+    hook.write_text("import numpy as np\n"
+                    "def samples():\n"
+                    "    rng = np.random.default_rng(3)\n"
+                    "    for _ in range(16):\n"
+                    f"        yield {{'input': rng.standard_normal((1, {FEATURES})).astype('float32'),\n"
+                    f"               'state': (0.3 * rng.standard_normal((2, 1, {HIDDEN}))).astype('float32'),\n"
+                    "               'sr': 16000}\n")
+    out = tmp_path / "out"
+    result = cli("compress", vad[0], "--calib", f"{hook}:samples", "--out", out, "--format", "onnx",
+                 "--input-shape", "input=1,16", "--input-shape", "state=2,1,8")
+    assert result.exit_code in (0, 3), result.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["decisions"]["pinned_inputs"]["values"] == {"sr": 16000}
+    assert [i.name for i in ort.InferenceSession(str(out / "model.onnx")).get_inputs()] == ["input", "state"]
+
+
+@pytest.mark.slow
 def test_two_sample_rates_keep_the_input(cli, vad, tmp_path):
     """Samples for both rates: nothing is pinned (the artifact keeps ``sr``); the If stays and NNCF's failure on
     it is one line naming the node, exit 2, or it compresses."""
