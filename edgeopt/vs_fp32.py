@@ -149,24 +149,57 @@ def paired_ratios(reference, candidate, *, threshold: float = 1 + SLOWER_TOLERAN
     """Time two bound runs (``() -> None``) in paired rounds until the interval on the median of the per-round
     ratios (candidate over reference) clears ``threshold`` or ``max_rounds`` is reached: (reference p50 ms,
     candidate p50 ms, ratios)."""
-    for run in (reference, candidate, reference, candidate, reference, candidate):  # warm-up
-        run()
-    runs = max(3, min(300, int(block_s / max(_once(reference), _once(candidate), 1e-6))))
-    times: tuple[list[float], list[float]] = ([], [])
-    ratios: list[float] = []
-    while len(ratios) < max_rounds:
-        order = (0, 1) if len(ratios) % 2 == 0 else (1, 0)
-        block: list[list[float]] = [[], []]
-        for index in order:
-            block[index] = _block((reference, candidate)[index], runs)
-        for index in (0, 1):
+
+    def decided(ratios: list[list[float]]) -> bool:
+        low, high = median_interval(ratios[1])
+        return low > threshold or high <= threshold
+
+    timed = interleaved_rounds([reference, candidate], decided, min_rounds=min_rounds, max_rounds=max_rounds,
+                               block_s=block_s)
+    return timed.p50_ms[0], timed.p50_ms[1], timed.ratios(1, 0)
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """Interleaved rounds of several runs: every timing (ms) per run, and each round's block median per run."""
+
+    times: tuple[tuple[float, ...], ...]
+    medians: tuple[tuple[float, ...], ...]  # [round][run]
+
+    @property
+    def p50_ms(self) -> list[float]:
+        return [float(np.median(t)) for t in self.times]
+
+    def ratios(self, run: int, reference: int) -> list[float]:
+        """Per round, ``run``'s block median over ``reference``'s."""
+        return [m[run] / m[reference] for m in self.medians]
+
+
+def interleaved_rounds(runs, decided, *, min_rounds: int = MIN_ROUNDS, max_rounds: int = MAX_ROUNDS,
+                       block_s: float = BLOCK_S, max_s: float | None = None) -> Rounds:
+    """Time bound runs (``() -> None``) in rounds of a block of each, the order rotating between rounds
+    so that load from other processes hits every run alike. After ``min_rounds``, stop as soon as
+    ``decided(ratios)`` (``ratios[i]``: run i's per-round ratios over run 0) holds, at ``max_rounds``, or once
+    ``max_s`` seconds have passed."""
+    started = time.perf_counter()
+    for _ in range(2):  # warm-up
+        for run in runs:
+            run()
+    count = max(3, min(300, int(block_s / max(max(_once(run) for run in runs), 1e-6))))
+    times: list[list[float]] = [[] for _ in runs]
+    medians: list[tuple[float, ...]] = []
+    while len(medians) < max_rounds:
+        shift = len(medians) % len(runs)
+        order = list(range(shift, len(runs))) + list(range(shift))
+        block = {index: _block(runs[index], count) for index in order}
+        for index in range(len(runs)):
             times[index].extend(block[index])
-        ratios.append(float(np.median(block[1]) / np.median(block[0])))
-        if len(ratios) >= min_rounds:
-            low, high = median_interval(ratios)
-            if low > threshold or high <= threshold:
+        medians.append(tuple(float(np.median(block[index])) for index in range(len(runs))))
+        if len(medians) >= min_rounds:
+            ratios = [[m[index] / m[0] for m in medians] for index in range(len(runs))]
+            if decided(ratios) or (max_s is not None and time.perf_counter() - started > max_s):
                 break
-    return float(np.median(times[0])), float(np.median(times[1])), ratios
+    return Rounds(tuple(tuple(t) for t in times), tuple(medians))
 
 
 def _once(run) -> float:

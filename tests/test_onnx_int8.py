@@ -157,6 +157,8 @@ def test_opset11_constant_weights_int8_onnx_shrinks_per_channel(opset11_const, t
     assert decision["backend"] in ("nncf", "ort")
     assert "opset 11 -> 13 (onnx.version_converter)" in decision["normalisation"]
     assert {c["backend"] for c in decision["candidates"]} == {"nncf", "ort"}
+    assert decision["rule_pick"] in ("nncf", "ort") and decision["reason"]  # how it was chosen, in words
+    assert all(c["p50_ratio"] > 0 and len(c["p50_ratio_interval"]) == 2 for c in decision["candidates"])
     assert set(report["vs_fp32"]) == {"openvino", "onnx"}
     # Fidelity at least the anchor's on the same file and data (no timing asserted here: that is the bench's).
     _anchor(path, calib, tmp_path / "anchor.onnx")
@@ -278,3 +280,134 @@ def test_unfused_share_of_nncf_graph_is_found(opset11_const):
          helper.make_node("Conv", ["x", "w"], ["c2"]), helper.make_node("Sigmoid", ["c2"], ["y"])],
         "g", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     assert model is not None and unfused_share(helper.make_model(graph)) == 0.5
+
+
+class InvertedResidual(nn.Module):
+    """MobileNetV2's block: 1x1 expand, ReLU6, 3x3 depthwise, ReLU6, 1x1 linear projection, residual Add."""
+
+    def __init__(self, width: int, expand: int = 4):
+        super().__init__()
+        hidden = width * expand
+        self.body = nn.Sequential(nn.Conv2d(width, hidden, 1), nn.ReLU6(),
+                                  nn.Conv2d(hidden, hidden, 3, padding=1, groups=hidden), nn.ReLU6(),
+                                  nn.Conv2d(hidden, width, 1))
+
+    def forward(self, x):
+        return x + self.body(x)
+
+
+@pytest.fixture(scope="module")
+def mobilenet_pattern(tmp_path_factory):
+    """A stem conv, three inverted residual blocks (residual streams read by the next block's conv and Add) and
+    a classifier, exported at opset 13 and normalised as edgeopt does; calibration on random images."""
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU6(),
+                           *[InvertedResidual(16) for _ in range(3)], nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                           nn.Linear(16, 10)).eval()
+    path = tmp_path_factory.mktemp("mbv2") / "m.onnx"
+    with torch.no_grad():
+        torch.onnx.export(module, (torch.zeros(1, 3, 32, 32),), str(path), dynamo=False, opset_version=13,
+                          input_names=["x"])
+    rng = np.random.default_rng(0)
+    samples = [{"x": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)} for _ in range(16)]
+    return normalise(onnx.load(str(path))).model, samples
+
+
+def _float_conv_share(model, tmp_path) -> float:
+    """What ONNX Runtime's CPU provider actually left in float: Conv/FusedConv over all Conv in its optimised
+    graph (QDQ fusion happens at the extended level, before layout transforms)."""
+    path, optimised = tmp_path / "q.onnx", tmp_path / "q.opt.onnx"
+    onnx.save(model, str(path))
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(optimised)
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    kinds = [n.op_type for n in onnx.load(str(optimised)).graph.node]
+    floats = sum(k in ("Conv", "FusedConv") for k in kinds)
+    return round(floats / (floats + kinds.count("QLinearConv")), 4)
+
+
+def test_unfused_share_predicts_what_onnx_runtime_fuses_on_the_mobilenet_pattern(mobilenet_pattern, tmp_path):
+    """NNCF's defaults (per-channel activations into depthwise Convs, int8 residual streams) leave most Convs in
+    float; edgeopt's NNCF settings (per-tensor, stored unsigned) fuse them all; unfused_share says so for each."""
+    import nncf
+
+    from edgeopt.passes.onnx_int8 import (fold_weight_quantizers, per_tensor_activations, unfused_share,
+                                          unsigned_activations)
+
+    model, samples = mobilenet_pattern
+    preset = nncf.QuantizationPreset.PERFORMANCE
+    default = nncf.quantize(model, nncf.Dataset(samples), subset_size=16, preset=preset)
+    ours = nncf.quantize(model, nncf.Dataset(samples), subset_size=16, preset=preset,
+                         advanced_parameters=per_tensor_activations())
+    for quantized in (default, ours):
+        fold_weight_quantizers(quantized)
+    signed = onnx.ModelProto()
+    signed.CopyFrom(ours)
+    assert unsigned_activations(ours) > 0
+    predicted_default, actual_default = unfused_share(default), _float_conv_share(default, tmp_path)
+    assert predicted_default == actual_default and actual_default >= 0.5, (predicted_default, actual_default)
+    assert unfused_share(ours) == _float_conv_share(ours, tmp_path) == 0.0
+    onnx.save(signed, str(tmp_path / "signed.onnx"))
+    onnx.save(ours, str(tmp_path / "unsigned.onnx"))
+    # The uint8 storage changes no quantized value: the same outputs as NNCF's int8 graph (which ONNX Runtime
+    # runs partly in float, so up to rounding at the requantization points).
+    assert _cosine(_run(tmp_path / "unsigned.onnx", samples), _run(tmp_path / "signed.onnx", samples)) > 0.999
+
+
+def _matmul_chain(depth: int, path) -> None:
+    """``depth`` chained 384x384 MatMuls on a 64x384 input: ``depth`` times the work of one."""
+    rng = np.random.default_rng(depth)
+    weights = [numpy_helper.from_array((rng.standard_normal((384, 384)) / 20).astype(np.float32), f"w{i}")
+               for i in range(depth)]
+    nodes = [helper.make_node("MatMul", ["x" if i == 0 else f"h{i}", f"w{i}"],
+                              ["y" if i == depth - 1 else f"h{i + 1}"]) for i in range(depth)]
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 384])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 384])], weights)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+
+
+def _raced(paths, built):
+    """Contenders marked, the rule's pick, the interleaved race in ONNX Runtime (FP32 = the first path), the
+    pick: (chosen, reason, rule)."""
+    from edgeopt.device.runtime import open_session
+    from edgeopt.passes.onnx_int8 import choose, contenders, pick, race
+    from edgeopt.vs_fp32 import settings_for
+
+    for b in contenders(built):
+        b.contender = True
+    rule = choose(built)
+    feeds = {"x": np.random.default_rng(0).standard_normal((64, 384)).astype(np.float32)}
+    sessions = [open_session(path, settings_for("onnxruntime")) for path in paths]
+    runs = [session.bind(feeds) for session in sessions]
+    race(runs[0], runs[1:], built, rule)
+    return (*pick(built, rule), rule)
+
+
+def test_choice_takes_a_decisively_faster_contender(tmp_path):
+    """The rule prefers the smaller file; the other contender does a sixth of the work, and the race says so."""
+    from edgeopt.passes.onnx_int8 import Built, DECISIVE
+
+    for depth in (1, 6):
+        _matmul_chain(depth, tmp_path / f"d{depth}.onnx")
+    slow = Built("nncf", model=object(), bytes=100, cosine=0.99, unfused=0.0)
+    fast = Built("ort", model=object(), bytes=200, cosine=0.995, unfused=0.0)
+    chosen, reason, rule = _raced([tmp_path / "d6.onnx", tmp_path / "d6.onnx", tmp_path / "d1.onnx"], [slow, fast])
+    assert rule is slow and chosen is fast, reason
+    assert reason.startswith("decisively faster") and fast.vs_rule[2] < DECISIVE
+    assert fast.p50_ratio < 1 and fast.p50_ratio_interval[1] < 1  # against FP32 (here: the slow chain)
+
+
+def test_choice_falls_back_to_the_rule_when_speed_is_undecided(tmp_path):
+    """Two contenders running the same graph: the race finds neither decisively faster, the rule decides (the
+    smaller file), so the same inputs give the same artifact."""
+    from edgeopt.passes.onnx_int8 import Built, OnnxInt8
+
+    _matmul_chain(2, tmp_path / "d2.onnx")
+    a = Built("nncf", model=object(), bytes=300, cosine=0.99, unfused=0.0)
+    b = Built("ort", model=object(), bytes=200, cosine=0.992, unfused=0.0)
+    chosen, reason, rule = _raced([tmp_path / "d2.onnx"] * 3, [a, b])
+    assert chosen is rule is b and "not wholly below" in reason, reason
+    assert a.vs_rule is not None and b.vs_rule is None
+    described = OnnxInt8(chosen.model, chosen.backend, [], [a, b], 1.0, rule.backend, reason).describe()
+    assert described["chosen_by"] == "rule" and described["candidates"][0]["p50_vs_rule_pick"]["interval"]

@@ -29,7 +29,9 @@ class Int8Config(StepConfig):
     PERFORMANCE otherwise). ``model_type = "auto"``: ``edgeopt.model_type`` recognises transformers.
     ``smooth_quant_alpha`` (transformers; -1 turns it off): by default chosen by measurement
     (``edgeopt.passes.smooth_quant``). ``ffn_down_float`` (transformers): the FFN's second projection, whose
-    input carries outlier neurons, stays in float (``edgeopt.model_type.ffn_down_projections``)."""
+    input carries outlier neurons, stays in float (``edgeopt.model_type.ffn_down_projections``).
+    ``onnx_backend``: which quantizer writes the ONNX INT8 model; "auto" builds both and picks by fusability,
+    fidelity and measured speed (``edgeopt.passes.onnx_int8``); naming one reproduces a choice exactly."""
 
     preset: Preset = "auto"
     subset_size: int = number(300, "[1, inf)")
@@ -38,6 +40,7 @@ class Int8Config(StepConfig):
     model_type: Literal["auto", "transformer", "default"] = "auto"
     smooth_quant_alpha: float | None = None
     ffn_down_float: bool = True
+    onnx_backend: Literal["auto", "nncf", "ort"] = "auto"
 
 
 @register("int8", Int8Config, stage=GRAPH, formats=("openvino", "onnx"), sets_precision=True,
@@ -52,10 +55,11 @@ def int8(model: WorkingModel, ctx: PassContext, config: Int8Config) -> None:
         onnx_options = {k: v for k, v in quantized.kwargs.items() if k not in ("subset_size", "ignored_scope")}
         picked = quantize_onnx(model.graphs["onnx"], ctx.calibration, subset_size=quantized.kwargs["subset_size"],
                                nncf_options=onnx_options, ignored=list(config.ignored_scope or []),
-                               transformer=quantized.transformer, ffn_down_float=quantized.ffn_down_float)
+                               transformer=quantized.transformer, ffn_down_float=quantized.ffn_down_float,
+                               backends=("nncf", "ort") if config.onnx_backend == "auto" else (config.onnx_backend,))
         model.graphs["onnx"] = picked.model
         model.decisions["onnx_int8"] = picked.describe()
-        model.notes.append(f"onnx int8: {picked.backend} backend chosen by fusability, measured fidelity, size "
+        model.notes.append(f"onnx int8: {picked.backend} backend, {picked.reason} "
                            f"({', '.join(_summary(c) for c in picked.candidates)}; FP32 p50 {picked.fp32_p50_ms} ms)")
 
 
@@ -142,8 +146,8 @@ def compress_quantized_weights(ov_model) -> None:
 def _summary(built) -> str:
     if built.error:
         return f"{built.backend} failed: {built.error[:80]}"
-    return (f"{built.backend}: cos {built.cosine:.4f}, unfused {built.unfused:.0%}, p50 {built.p50_ms} ms, "
-            f"{built.bytes} B")
+    return (f"{built.backend}: cos {built.cosine:.4f}, unfused {built.unfused:.0%}, p50 {built.p50_ms} ms "
+            f"({built.p50_ratio}x FP32), {built.bytes} B")
 
 
 def unsupported_message(ov_model, exc: BaseException) -> str:
