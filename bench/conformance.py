@@ -63,6 +63,9 @@ class Entry:
     text: bool = False  # images carry printed text (OCR models): photos with text lines drawn on them
     fast: bool = False  # in the fast subset tests/test_conformance.py runs in CI (no downloads, small)
     conv: bool = False  # a conv net: its ONNX INT8 must be >= 3x smaller than FP32
+    vad: bool = False  # a streaming voice-activity model (Silero's interface): data and fidelity from a stream
+    recipe: str | None = None  # a recipe (TOML text) given with --recipe instead of the default
+    formats: str | None = None  # --format, when not both
 
 
 def factory(name: str) -> str:
@@ -70,6 +73,8 @@ def factory(name: str) -> str:
 
 
 OCR = "wheels/rapidocr_onnxruntime/models"
+VAD_RATE, VAD_CHUNK, VAD_CONTEXT = 16000, 512, 64  # Silero's wrapper: 64 samples of context before each chunk
+VAD_SHAPES = {"input": (1, VAD_CHUNK + VAD_CONTEXT), "state": (2, 1, 128)}
 CORPUS = [
     Entry("ppocr-det", "detector CNN (DBNet, trained)", "onnx file (Paddle2ONNX)",
           f"{OCR}/ch_PP-OCRv4_det_infer.onnx", {"x": (1, 3, 320, 320)}, trained=True, text=True),
@@ -93,7 +98,20 @@ CORPUS = [
     Entry("gru-stateful-onnx13", "GRU, state on axis 1, rank-0 int64", "onnx export opset 13, dynamic batch",
           "stateful_gru", {"input0": (1, 512), "input1": (2, 1, 128)}, export_opset=13, fast=True),
     Entry("silero-vad", "stateful VAD, rank-0 int64 input (trained)", "onnx file",
-          "wheels/silero_vad/data/silero_vad.onnx", {"input": (1, 512), "state": (2, 1, 128)}, trained=True),
+          "wheels/silero_vad/data/silero_vad.onnx", VAD_SHAPES, trained=True, vad=True),
+    Entry("silero-vad-op18", "stateful VAD, If on the rate, LSTM unrolled (trained)", "onnx file",
+          "wheels/silero_vad/data/silero_vad_op18_ifless.onnx", VAD_SHAPES, trained=True, vad=True),
+    Entry("silero-vad-op15", "stateful VAD 16 kHz, If on shapes (trained)", "onnx file",
+          "wheels/silero_vad/data/silero_vad_16k_op15.onnx", VAD_SHAPES, trained=True, vad=True),
+    Entry("silero-vad-op18-mm", "silero-vad-op18 with int8 model_type=transformer (MatMul/Conv only)",
+          "onnx file", "wheels/silero_vad/data/silero_vad_op18_ifless.onnx", VAD_SHAPES, trained=True, vad=True,
+          recipe='[[step]]\nname = "int8"\nmodel_type = "transformer"\n'),
+    Entry("silero-vad-mm", "silero-vad with int8 model_type=transformer (MatMul/Conv only)",
+          "onnx file", "wheels/silero_vad/data/silero_vad.onnx", VAD_SHAPES, trained=True, vad=True,
+          recipe='[[step]]\nname = "int8"\nmodel_type = "transformer"\n'),
+    Entry("silero-vad-w8", "silero-vad, IR with INT8 weights only (weights mode=int8_asym)", "onnx file",
+          "wheels/silero_vad/data/silero_vad.onnx", VAD_SHAPES, trained=True, vad=True,
+          recipe='[[step]]\nname = "weights"\nmode = "int8_asym"\n', formats="openvino"),
     Entry("mtcnn-onet", "face landmarks CNN, 3 outputs (trained)", "pytorch factory",
           factory("mtcnn_onet_trained"), trained=True),
     Entry("minilm-l6", "BERT sentence encoder 22M (trained)", "pytorch factory", factory("minilm_trained"),
@@ -248,6 +266,104 @@ def make_data(inputs, count: int, seed: int, text: bool = False) -> dict[str, np
     return arrays
 
 
+VOWELS = ((730, 1090, 2440), (270, 2290, 3010), (300, 870, 2240), (530, 1840, 2480), (570, 840, 2410),
+          (660, 1720, 2410))  # F1-F3 (Hz) of /a i u e o ae/ (Peterson & Barney)
+
+
+def _resonator(signal: np.ndarray, frequency: float, bandwidth: float) -> np.ndarray:
+    from scipy.signal import lfilter
+
+    radius, angle = np.exp(-np.pi * bandwidth / VAD_RATE), 2 * np.pi * frequency / VAD_RATE
+    return lfilter([1 - radius], [1, -2 * radius * np.cos(angle), radius * radius], signal)
+
+
+def speech_like(seconds: float, seed: int) -> np.ndarray:
+    """16 kHz formant-synthesised speech: words of 2-5 syllables (a noise burst for the consonant, then a vowel:
+    a glottal pulse train at a falling 90-220 Hz pitch through three formant resonators) between pauses of faint
+    noise. No recording ships in the packages here; Silero VAD calls 60-66% of its chunks speech (measured on
+    seeds 0-2), which is about the voiced share, so the stream exercises both decisions."""
+    from scipy.signal import lfilter
+
+    rng = np.random.default_rng(seed)
+    count = int(seconds * VAD_RATE)
+    signal = rng.standard_normal(count) * 0.001
+    pos = int(0.3 * VAD_RATE)
+    while pos < count:
+        for _ in range(int(rng.integers(2, 6))):
+            burst = int(rng.uniform(0.03, 0.08) * VAD_RATE)
+            vowel = min(int(rng.uniform(0.12, 0.3) * VAD_RATE), count - pos - burst)
+            if vowel <= 0:
+                break
+            signal[pos:pos + burst] += _resonator(rng.standard_normal(burst), rng.uniform(2500, 5000), 1500) * 0.05
+            pos += burst
+            phase = np.cumsum(rng.uniform(90, 220) * np.linspace(1.1, 0.9, vowel) / VAD_RATE)
+            pulses = lfilter([1], [1, -0.97], np.diff(np.floor(phase), prepend=0))
+            voiced = sum(_resonator(pulses, f, bw) for f, bw in zip(VOWELS[rng.integers(len(VOWELS))], (80, 120, 160)))
+            ramp = np.minimum(1, np.minimum(np.arange(vowel), vowel - np.arange(vowel)) / (0.02 * VAD_RATE))
+            signal[pos:pos + vowel] += voiced / (np.abs(voiced).max() + 1e-9) * rng.uniform(0.1, 0.4) * ramp
+            pos += vowel
+        pos += int(rng.uniform(0.3, 1.0) * VAD_RATE)
+    return signal.astype(np.float32)
+
+
+def streamed(infer, audio: np.ndarray, extra: dict) -> tuple[np.ndarray, list[dict]]:
+    """A VAD run over ``audio`` as Silero's wrapper runs it: 512-sample chunks with the previous 64 samples in
+    front, the state fed back; ``extra`` (the sample rate) added to every call. Returns the probability per
+    chunk and the feeds each chunk got."""
+    state, context = np.zeros((2, 1, 128), np.float32), np.zeros((1, VAD_CONTEXT), np.float32)
+    probs, feeds = [], []
+    for start in range(0, len(audio) - VAD_CHUNK + 1, VAD_CHUNK):
+        chunk = audio[None, start:start + VAD_CHUNK]
+        feed = {"input": np.concatenate([context, chunk], axis=1), "state": state}
+        out = infer({**feed, **extra})
+        probs.append(float(np.ravel(out[0])[0]))
+        state, context = np.asarray(out[1], np.float32), chunk[:, -VAD_CONTEXT:]
+        feeds.append(feed)
+    return np.array(probs), feeds
+
+
+def vad_data(path: Path, count: int, seed: int) -> dict[str, np.ndarray]:
+    """``count`` chunks, evenly spaced, of the FP32 model streaming 20 s of :func:`speech_like` audio: each with
+    the state the stream had reached there (what a user calibrating on recordings would collect)."""
+    from edgeopt.device.runtime import RuntimeSettings, open_session
+
+    session = open_session(path, RuntimeSettings(runtime="onnxruntime", threads=THREADS, inference_precision=None,
+                                                 performance_hint=None))
+    rate = {"sr": np.array(VAD_RATE, np.int64)} if "sr" in [spec.name for spec in session.inputs] else {}
+    _, feeds = streamed(session.infer, speech_like(20, seed), rate)
+    picked = [feeds[int(i)] for i in np.linspace(0, len(feeds) - 1, count)]
+    arrays = {name: np.stack([f[name] for f in picked]) for name in ("input", "state")}
+    if rate:
+        arrays["sr"] = np.full((count,), VAD_RATE, np.int64)
+    return arrays
+
+
+def stream_fidelity(models: dict[str, tuple[Path, str]], reference: Path, seed: int = 2) -> dict:
+    """Per model (path, runtime), the VAD probability streamed over 30 s of :func:`speech_like` audio against the
+    FP32 file's in ONNX Runtime: mean and max absolute difference per chunk, and the share of chunks on the same
+    side of Silero's 0.5 threshold."""
+    from edgeopt.device.runtime import RuntimeSettings, open_session
+
+    audio = speech_like(30, seed)
+
+    def run(path: Path, runtime: str) -> np.ndarray:
+        settings = (RuntimeSettings(threads=THREADS, inference_precision="f32") if runtime == "openvino" else
+                    RuntimeSettings(runtime="onnxruntime", threads=THREADS, inference_precision=None,
+                                    performance_hint=None))
+        session = open_session(path, settings)
+        rate = {"sr": np.array(VAD_RATE, np.int64)} if "sr" in [spec.name for spec in session.inputs] else {}
+        return streamed(session.infer, audio, rate)[0]
+
+    want = run(reference, "onnxruntime")
+    result = {"chunks": len(want), "fp32_speech_share": round(float(np.mean(want > 0.5)), 3)}
+    for name, (path, runtime) in models.items():
+        got = run(path, runtime)
+        result[name] = {"mean_abs_diff": round(float(np.mean(np.abs(got - want))), 5),
+                        "max_abs_diff": round(float(np.max(np.abs(got - want))), 5),
+                        "same_decision": round(float(np.mean((got > 0.5) == (want > 0.5))), 4)}
+    return result
+
+
 def split(arrays, count: int) -> list[dict[str, np.ndarray]]:
     """The samples of a stacked .npz, each of its input's full shape."""
     return [{k: np.asarray(v[i]) for k, v in arrays.items()} for i in range(count)]
@@ -304,8 +420,16 @@ def anchor(fp32_onnx: Path, samples: list[dict], out: Path) -> tuple[Path | None
 
 
 def per_output_cosine(got: list[list[np.ndarray]], want: list[list[np.ndarray]]) -> list[float]:
+    """Per output, the mean cosine over samples; an output of one value per sample is compared across samples
+    (as edgeopt's gate does: the cosine of one number is only its sign)."""
     cosines = []
     for index in range(len(want[0])):
+        if np.size(want[0][index]) == 1:
+            a = np.array([np.ravel(g[index])[0] for g in got], np.float64)
+            b = np.array([np.ravel(w[index])[0] for w in want], np.float64)
+            norms = np.linalg.norm(a) * np.linalg.norm(b)
+            cosines.append(round(float(a @ b / norms) if norms > 0 else float(np.allclose(a, b)), 4))
+            continue
         values = []
         for g, w in zip(got, want):
             a = np.asarray(g[index], dtype=np.float64).ravel()
@@ -358,6 +482,17 @@ def save_fp32(source, folder: Path) -> tuple[Path, Path]:
     return xml, path
 
 
+def pinned_source(source, calib: Path, folder: Path):
+    """The source as edgeopt compressed it when it pinned rank-0 inputs (``edgeopt.pinning``): folded the same
+    way from the same calibration file."""
+    from edgeopt.data import load_samples
+    from edgeopt.pinning import pin_branch_inputs
+
+    folder.mkdir(parents=True, exist_ok=True)
+    pinned = pin_branch_inputs(source, [load_samples(calib, source.inputs, None)], folder)
+    return pinned.apply(source)[0]
+
+
 def run_entry(entry: Entry, work: Path, timing: bool = True) -> dict:
     """One row: edgeopt's exit code and report, sizes and fidelity side by side with quantize_static, and (with
     ``timing``) the p50 ratios."""
@@ -374,17 +509,29 @@ def run_entry(entry: Entry, work: Path, timing: bool = True) -> dict:
         row.update(exit=2, message=f"load: {str(exc).splitlines()[0][:160]}")
         return row
     calib, held = work / "calib.npz", work / "eval.npz"
-    np.savez(calib, **make_data(source.inputs, CALIB, 0, entry.text))
-    np.savez(held, **make_data(source.inputs, EVAL, 1, entry.text))
+    if entry.vad:
+        np.savez(calib, **vad_data(Path(spec), CALIB, 0))
+        np.savez(held, **vad_data(Path(spec), EVAL, 1))
+    else:
+        np.savez(calib, **make_data(source.inputs, CALIB, 0, entry.text))
+        np.savez(held, **make_data(source.inputs, EVAL, 1, entry.text))
     common = [spec, "--calib", str(calib), "--eval", str(held), *shape_args]
+    if entry.recipe:
+        (work / "recipe.toml").write_text(entry.recipe)
+        common += ["--recipe", str(work / "recipe.toml")]
+    if entry.formats:
+        common += ["--format", entry.formats]
     start = time.perf_counter()
     rc, message = run_edgeopt([*common, "--out", str(work / "int8")])
     row.update(exit=rc, message=message if rc else "", seconds=round(time.perf_counter() - start, 1))
     report_path = work / "int8" / "report.json"
     if not report_path.exists():
         return row
-    fp32_ir, fp32_onnx = save_fp32(source, work / "fp32")
     report = json.loads(report_path.read_text())
+    pinned = (report.get("decisions") or {}).get("pinned_inputs")
+    row["pinned"] = pinned["values"] if pinned else None
+    converted = pinned_source(source, calib, work / "pinned") if pinned else source  # what edgeopt converted
+    fp32_ir, fp32_onnx = save_fp32(converted, work / "fp32")
     row["recipe"] = report["recipe"]
     row["onnx_backend"] = (report.get("decisions") or {}).get("onnx_int8", {}).get("backend")
     row["flagged"] = report.get("flagged", {})
@@ -397,26 +544,37 @@ def run_entry(entry: Entry, work: Path, timing: bool = True) -> dict:
 
     row["opset"] = default_opset(onnx.load(str(source_onnx), load_external_data=False))
     samples, calib_samples = split(np.load(held), EVAL), split(np.load(calib), CALIB)
+    unpinned = [{k: v for k, v in sample.items() if k not in (row["pinned"] or {})} for sample in samples]
     int8_onnx, int8_ir = work / "int8" / "model.onnx", work / "int8" / "model.xml"
     anchor_path, anchor_error = anchor(source_onnx, calib_samples, work / "anchor.onnx")
     row["anchor_error"] = anchor_error or None
     size = lambda p: p.stat().st_size + (p.with_suffix(".bin").stat().st_size if p.suffix == ".xml" else 0)  # noqa
     row["ir_size_ratio"] = round(size(int8_ir) / size(fp32_ir), 3)
-    row["onnx_size_ratio"] = round(size(int8_onnx) / size(source_onnx), 3)
-    ort_models = [source_onnx, int8_onnx] + ([anchor_path] if anchor_path else [])
+    has_onnx = int8_onnx.exists()  # not with an entry's --format openvino
+    if has_onnx:
+        row["onnx_size_ratio"] = round(size(int8_onnx) / size(source_onnx), 3)
+    ort_models = [source_onnx] + ([int8_onnx] if has_onnx else []) + ([anchor_path] if anchor_path else [])
     reference = outputs_of(source_onnx, "onnxruntime", samples)
-    row["fidelity_onnx"] = per_output_cosine(outputs_of(int8_onnx, "onnxruntime", samples), reference)
-    row["fidelity_ir"] = per_output_cosine(outputs_of(int8_ir, "openvino", samples),
-                                           outputs_of(fp32_ir, "openvino", samples))
+    if has_onnx:
+        row["fidelity_onnx"] = per_output_cosine(outputs_of(int8_onnx, "onnxruntime", unpinned), reference)
+    row["fidelity_ir"] = per_output_cosine(outputs_of(int8_ir, "openvino", unpinned),
+                                           outputs_of(fp32_ir, "openvino", unpinned))
     if anchor_path:
         row["anchor_size_ratio"] = round(size(anchor_path) / size(source_onnx), 3)
         row["fidelity_anchor"] = per_output_cosine(outputs_of(anchor_path, "onnxruntime", samples), reference)
     row["outputs"] = len(reference[0])
+    if entry.vad:
+        row["stream"] = stream_fidelity({**({"onnx": (int8_onnx, "onnxruntime")} if has_onnx else {}),
+                                         "ir": (int8_ir, "openvino"),
+                                         "fp32_ir": (fp32_ir, "openvino"),
+                                         **({"anchor": (anchor_path, "onnxruntime")} if anchor_path else {})},
+                                        source_onnx)
     if not timing:
         return row
-    ort = timed(ort_models, "onnxruntime", samples[0])
+    ort = timed(ort_models, "onnxruntime", samples[0])  # each session binds the inputs it has (pinned: no sr)
     ov = timed([fp32_ir, int8_ir], "openvino", samples[0])
-    row["ort_p50_ms"] = {"fp32": ort[0], "int8": ort[1], **({"anchor": ort[2]} if anchor_path else {})}
+    row["ort_p50_ms"] = {"fp32": ort[0], **({"int8": ort[1]} if has_onnx else {}),
+                         **({"anchor": ort[-1]} if anchor_path else {})}
     row["ov_p50_ms"] = {"fp32": ov[0], "int8": ov[1]}
     return row
 

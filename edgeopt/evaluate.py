@@ -26,7 +26,8 @@ EVAL_SETTINGS = RuntimeSettings(inference_precision="f32", threads=None)  # how 
 class Fidelity:
     """How closely one output follows the reference's, over all samples."""
 
-    cosine: float  # mean over samples of the cosine similarity of the flattened output
+    cosine: float  # mean over samples of the cosine similarity of the flattened output (one value per sample:
+    # the cosine of all samples' values, ``compare_outputs``)
     max_abs_error: float
     mean_abs_error: float
     top1_agreement: float | None  # share of samples whose argmax matches (classifier outputs only)
@@ -249,13 +250,17 @@ def sample_cosines(outputs: np.ndarray, reference: np.ndarray) -> np.ndarray:
 def compare_outputs(outputs: np.ndarray, reference: np.ndarray, output: str | None = None,
                     classifier: bool | None = None) -> Fidelity:
     """Fidelity of ``outputs`` (samples x ...) to ``reference``; top-1 agreement for a classifier output (by
-    default: any output of more than one value per sample)."""
+    default: any output of more than one value per sample). The cosine is per sample, except for an output of one
+    value per sample (a VAD's speech probability, a score): the cosine of one number is only its sign, so those
+    are compared as one vector across the samples."""
     a = outputs.astype(np.float64).reshape(len(outputs), -1)
     b = reference.astype(np.float64).reshape(len(reference), -1)
-    cosine = sample_cosines(a, b)
+    scalar = a.shape[1] == 1 and len(a) > 1
+    cosine = sample_cosines(a.T, b.T) if scalar else sample_cosines(a, b)
     error = np.abs(a - b)
     classifier = a.shape[1] > 1 if classifier is None else classifier
-    agreement = float(np.mean(a.argmax(axis=1) == b.argmax(axis=1))) if classifier and a.shape[1] > 1 else None
+    agreement = float(np.mean(a.argmax(axis=1) == b.argmax(axis=1))) if classifier and not scalar and a.shape[1] > 1 \
+        else None
     return Fidelity(float(cosine.mean()), float(error.max()), float(error.mean()), agreement, output)
 
 

@@ -12,6 +12,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 MIN_OPSET = 13  # first opset with per-axis QuantizeLinear/DequantizeLinear
 
 
@@ -231,7 +233,6 @@ def for_openvino(path, shapes: dict[str, list[int]]):
     """The ONNX file at ``path`` with the ops OpenVINO's ONNX frontend cannot read rewritten into equivalents
     (:func:`global_pools`, the pools' input shapes measured by one ONNX Runtime run on zeros of ``shapes``), or
     None when there is nothing to rewrite."""
-    import numpy as np
     import onnx
 
     model = onnx.load(str(path))
@@ -259,3 +260,47 @@ def pool_input_dims(model, feeds: dict) -> dict[str, list[int]]:
     except Exception:
         return {}
     return {name: list(value.shape) for name, value in zip(wanted, values)}
+
+
+def count_ops(model, op_type: str) -> int:
+    """How many ``op_type`` nodes ``model`` holds, its subgraphs (``If``/``Loop`` bodies) included."""
+    import onnx
+
+    def visit(graph) -> int:
+        found = 0
+        for node in graph.node:
+            found += node.op_type == op_type
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    found += visit(attr.g)
+                found += sum(visit(sub) for sub in attr.graphs)
+        return found
+
+    return visit(model.graph)
+
+
+def pin_inputs(model, values: dict[str, np.ndarray], shapes: dict[str, list[int]]):
+    """``model`` with each input in ``values`` replaced by that constant and every branch that constant decides
+    folded away: ONNX Runtime's constant folding inlines an ``If`` whose condition is constant, first with the
+    other inputs' shapes as declared (their dynamic dimensions still dynamic), then with them static
+    (``shapes``), which folds the ``If``s that test shapes. Two rounds, not one: ONNX Runtime 1.32 crashed
+    (segmentation fault) folding Silero VAD's nested ``If``s with the constant and static shapes in one round.
+    Returns None when ONNX Runtime cannot load the pinned model."""
+    import onnx
+    from onnx import numpy_helper
+
+    pinned = onnx.ModelProto()
+    pinned.CopyFrom(model)
+    graph = pinned.graph
+    for value in [v for v in graph.input if v.name in values]:
+        graph.input.remove(value)
+        graph.initializer.append(numpy_helper.from_array(np.asarray(values[value.name]), value.name))
+    pinned, _, error = _ort_basic_optimise(pinned)
+    if error:
+        return None
+    for value in pinned.graph.input:
+        for dim, size in zip(value.type.tensor_type.shape.dim, shapes.get(value.name, ())):
+            dim.ClearField("dim_param")
+            dim.dim_value = size
+    pinned, _, error = _ort_basic_optimise(pinned)
+    return None if error else pinned

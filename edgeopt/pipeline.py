@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -22,6 +23,7 @@ from edgeopt.export import Artifact, save_artifacts, saved_bytes
 from edgeopt.formats import FORMATS, REFERENCE, artifact_weight_bytes, format_of, parse_formats
 from edgeopt.passes.base import PassContext, WorkingModel
 from edgeopt.passes.registry import GRAPH, TORCH
+from edgeopt.pinning import pin_branch_inputs
 from edgeopt.provenance import describe_inputs
 from edgeopt.recipe import Recipe, Step, build_recipe, recipe_toml
 from edgeopt.reporting.reports import CompressReport
@@ -168,6 +170,22 @@ def compress_recipe(model: str | Path, calibration: str | Path, recipe: Recipe, 
     gate = with_metric(gate or QualityGate(), recipe, profile)
     golden_set = load_golden(golden) if golden is not None else None
     shapes = {**(profile.input_shapes if profile else {}), **(input_shapes or {})}
+    scratch = tempfile.TemporaryDirectory(prefix="edgeopt-pinned-")  # the folded model, when inputs are pinned
+    try:
+        return _compress_loaded(model, calibration, recipe, out=out, profile=profile, formats=formats,
+                                eval_data=eval_data, gate=gate, shapes=shapes, seed=seed, eval_settings=eval_settings,
+                                train_data=train_data, step_report=step_report, quiet=quiet, measuring=measuring,
+                                batch_axes=batch_axes, task=task, golden_set=golden_set, timer=timer,
+                                scratch=Path(scratch.name))
+    finally:
+        scratch.cleanup()
+
+
+def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target | None, formats: tuple[str, ...],
+                     eval_data, gate: QualityGate, shapes: dict, seed: int, eval_settings: RuntimeSettings,
+                     train_data, step_report: bool | None, quiet: bool, measuring: Measuring | None,
+                     batch_axes: dict | None, task: str | None, golden_set: GoldenSet | None, timer: "_Timer",
+                     scratch: Path) -> CompressResult:
     with timer("load"):
         axes = {**(getattr(profile, "batch_axes", None) or {}), **(batch_axes or {})}
         source = load_model(model, shapes, axes, task)
@@ -179,6 +197,9 @@ def compress_recipe(model: str | Path, calibration: str | Path, recipe: Recipe, 
             "calibration": (calibration, calib),
             "evaluation": (eval_data, evaluation) if evaluation is not None else None,
             "training": (train_data, train) if train is not None else None})
+        pinned = pin_branch_inputs(source, [s for s in (calib, evaluation, train) if s is not None], scratch)
+        if pinned is not None:
+            source, calib, evaluation, train = pinned.apply(source, calib, evaluation, train)
     if step_report is None:
         step_report = recipe.has_torch_steps
     recorder = StepRecorder(source, evaluation or calib, gated=gate.outputs,
@@ -202,6 +223,9 @@ def compress_recipe(model: str | Path, calibration: str | Path, recipe: Recipe, 
                                     weight_bytes={a.format: artifact_weight_bytes(a.path) for a in artifacts},
                                     steps=recorder.finish() if recorder else None, target=profile, inputs=inputs,
                                     decisions=working.decisions)
+            if pinned is not None:
+                result.decisions["pinned_inputs"] = pinned.describe()
+                result.notes.insert(0, pinned.note())
             with timer("vs fp32"):
                 result.vs_fp32 = compare_with_fp32(artifacts, baseline.graphs.get("openvino"),
                                                    baseline.graphs.get("onnx"),

@@ -48,8 +48,8 @@ def branching(tmp_path_factory):
 
 def test_branch_no_calibration_sample_takes_is_explained(branching):
     """NNCF's "Calibration dataset must not be empty" on a model with If: say that a branch got no samples.
-    (The end-to-end exit 2 is not run here: after NNCF fails inside an If, a later fork in the same process
-    deadlocked in this suite, so the CLI test would hang the tests after it.)"""
+    (From the command line, data that gives the rate one value no longer gets here: the rate is pinned and the
+    branch folded, ``tests/test_pinned_inputs.py``.)"""
     import nncf
 
     from edgeopt.passes.quantize import _branch_hint

@@ -74,7 +74,7 @@ def print_compress_result(result) -> None:
     fp32_weights = result.fp32_weight_bytes
     for fmt, weights in result.weight_bytes.items():
         ratio = f", {size_ratio(fp32_weights.total, weights.total)} than FP32 ({format_bytes(fp32_weights.total)})" \
-            if fp32_weights and weights.total else ""
+            if fp32_weights and fp32_weights.total and weights.total else ""  # 0: weights inside If bodies
         out.print(f"weight bytes ({fmt}): {format_bytes(weights.total)}{ratio}")
     if result.steps is not None:
         print_step_report(result.steps, out)
