@@ -154,10 +154,10 @@ def test_opset11_constant_weights_int8_onnx_shrinks_per_channel(opset11_const, t
     assert _ir_weight_scales(next(a for a in result.artifacts if a.format == "openvino").path) == {"per-channel"}
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     decision = report["decisions"]["onnx_int8"]
-    assert decision["backend"] in ("nncf", "ort")
+    assert decision["backend"] in ("nncf", "ort", "ort-conv")
     assert "opset 11 -> 13 (onnx.version_converter)" in decision["normalisation"]
-    assert {c["backend"] for c in decision["candidates"]} == {"nncf", "ort"}
-    assert decision["rule_pick"] in ("nncf", "ort") and decision["reason"]  # how it was chosen, in words
+    assert {c["backend"] for c in decision["candidates"]} == {"nncf", "ort", "ort-conv"}
+    assert decision["rule_pick"] in ("nncf", "ort", "ort-conv") and decision["reason"]  # why, in words
     assert all(c["p50_ratio"] > 0 and len(c["p50_ratio_interval"]) == 2 for c in decision["candidates"])
     assert set(report["vs_fp32"]) == {"openvino", "onnx"}
     # Fidelity at least the anchor's on the same file and data (no timing asserted here: that is the bench's).
@@ -353,6 +353,33 @@ def test_unfused_share_predicts_what_onnx_runtime_fuses_on_the_mobilenet_pattern
     # The uint8 storage changes no quantized value: the same outputs as NNCF's int8 graph (which ONNX Runtime
     # runs partly in float, so up to rounding at the requantization points).
     assert _cosine(_run(tmp_path / "unsigned.onnx", samples), _run(tmp_path / "signed.onnx", samples)) > 0.999
+
+
+def test_every_candidate_is_built_and_the_compute_only_one_keeps_element_wise_ops_float(mobilenet_pattern, tmp_path):
+    """quantize_onnx builds NNCF's, quantize_static's and its compute-only variant on a conv net; ONNX Runtime
+    fuses every Conv of each, and the compute-only one leaves Adds in float."""
+    import nncf
+
+    from edgeopt.data import SampleSet
+    from edgeopt.passes.onnx_int8 import quantize_onnx
+
+    model, samples = mobilenet_pattern
+    result = quantize_onnx(model, SampleSet(samples, None, "test"), subset_size=16,
+                           nncf_options={"preset": nncf.QuantizationPreset.PERFORMANCE})
+    built = {b.backend: b for b in result.candidates}
+    assert set(built) == {"nncf", "ort", "ort-conv"} and not any(b.error for b in built.values())
+    for b in built.values():
+        assert b.unfused == _float_conv_share(b.model, tmp_path) == 0.0, b.backend
+        assert b.cosine > 0.95 and b.p50_ratio > 0 and b.contender
+    kinds = {}
+    for name in ("ort", "ort-conv"):
+        _float_conv_share(built[name].model, tmp_path)
+        kinds[name] = [n.op_type for n in onnx.load(str(tmp_path / "q.opt.onnx")).graph.node]
+    # quantize_static quantizes every Add; compute-only quantizes none (ONNX Runtime still fuses an Add whose
+    # inputs and output are all quantized Conv tensors into QLinearAdd, here the two mid-network residuals).
+    assert kinds["ort"].count("QLinearAdd") == 3 and "Add" not in kinds["ort"]
+    assert kinds["ort-conv"].count("QLinearAdd") < 3 and "Add" in kinds["ort-conv"]
+    assert result.backend in built and result.reason
 
 
 def _matmul_chain(depth: int, path) -> None:

@@ -30,7 +30,7 @@ class Int8Config(StepConfig):
     ``smooth_quant_alpha`` (transformers; -1 turns it off): by default chosen by measurement
     (``edgeopt.passes.smooth_quant``). ``ffn_down_float`` (transformers): the FFN's second projection, whose
     input carries outlier neurons, stays in float (``edgeopt.model_type.ffn_down_projections``).
-    ``onnx_backend``: which quantizer writes the ONNX INT8 model; "auto" builds both and picks by fusability,
+    ``onnx_backend``: which quantizer writes the ONNX INT8 model; "auto" builds each and picks by fusability,
     fidelity and measured speed (``edgeopt.passes.onnx_int8``); naming one reproduces a choice exactly."""
 
     preset: Preset = "auto"
@@ -40,7 +40,7 @@ class Int8Config(StepConfig):
     model_type: Literal["auto", "transformer", "default"] = "auto"
     smooth_quant_alpha: float | None = None
     ffn_down_float: bool = True
-    onnx_backend: Literal["auto", "nncf", "ort"] = "auto"
+    onnx_backend: Literal["auto", "nncf", "ort", "ort-conv"] = "auto"
 
 
 @register("int8", Int8Config, stage=GRAPH, formats=("openvino", "onnx"), sets_precision=True,
@@ -56,7 +56,7 @@ def int8(model: WorkingModel, ctx: PassContext, config: Int8Config) -> None:
         picked = quantize_onnx(model.graphs["onnx"], ctx.calibration, subset_size=quantized.kwargs["subset_size"],
                                nncf_options=onnx_options, ignored=list(config.ignored_scope or []),
                                transformer=quantized.transformer, ffn_down_float=quantized.ffn_down_float,
-                               backends=("nncf", "ort") if config.onnx_backend == "auto" else (config.onnx_backend,))
+                               backends=None if config.onnx_backend == "auto" else (config.onnx_backend,))
         model.graphs["onnx"] = picked.model
         model.decisions["onnx_int8"] = picked.describe()
         model.notes.append(f"onnx int8: {picked.backend} backend, {picked.reason} "
