@@ -49,7 +49,7 @@ FIDELITY_TOLERANCE = 0.01  # cosines this close count as equal fidelity; then sp
 MAX_UNFUSED = 0.1  # a graph with more than 10% of its quantized Conv/Gemm/MatMul unfusable runs them in float
 CHOICE_SAMPLES = 16  # calibration samples used to compare the backends' fidelity
 DECISIVE = 0.95  # a contender whose whole interval on its p50 over the rule's pick lies below this is faster
-COMPUTE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")  # what the "ort-conv" candidate quantizes
+COMPUTE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")  # what "ort-conv" quantizes (and their Relu/Clip)
 RACE_MAX_ROUNDS, RACE_MAX_S = 12, 12.0  # the speed race stays cheap: it runs on every compress
 
 
@@ -181,9 +181,9 @@ def pick(built: list[Built], rule: Built) -> tuple[Built, str]:
     alone = ("the only usable candidate" if len(built) == 1 else
              "the only contender (the others are not fusable or not within the fidelity tolerance)")
     why = (alone if not others else
-           "by the deterministic rule (fusable, fidelity, then fewest unfused ops, smallest file); speed undecided: "
-           + ", ".join(f"{b.backend} {b.vs_rule[0]:.2f}x ({b.vs_rule[1]:.2f}-{b.vs_rule[2]:.2f}x)" for b in others)
-           + f" of its p50, not wholly below {DECISIVE}")
+           "by the deterministic rule (fusable, fidelity, then fewest unfused ops, smallest file); no other "
+           f"contender decisively faster ({COVERAGE:.0%} interval on p50 over the pick's wholly below {DECISIVE}): "
+           + ", ".join(f"{b.backend} {b.vs_rule[0]:.2f}x ({b.vs_rule[1]:.2f}-{b.vs_rule[2]:.2f}x)" for b in others))
     return rule, why
 
 
@@ -317,13 +317,13 @@ def per_tensor_activations(advanced=None):
     return advanced
 
 
-def ort_options(transformer: bool, ignored: list[str], compute_only: bool = False) -> dict:
+def ort_options(transformer: bool, ignored: list[str], compute: list[str] | None = None) -> dict:
     """quantize_static's options: per-channel QDQ, uint8 activations, int8 weights, ``ignored`` nodes left out;
     for a transformer, only MatMul/Gemm and the embedding Gathers (int8 tables), with Gemm outputs in float.
-    ``compute_only``: only ``COMPUTE_OPS`` quantized, the element-wise ops between them (activations built from
-    Add/Mul/Clip/Div, affine blocks, residual Adds) left in float: on PP-LCNet's hard-swish chains ONNX Runtime's
-    QLinearAdd/QLinearMul cost more than the float ops (PP-OCRv4 detector, 320x320, 2 threads, one interleaved
-    run: 0.70x FP32's p50 against 0.83x with every op quantized)."""
+    ``compute`` (:func:`compute_nodes`): only these nodes quantized, the element-wise ops between them
+    (activations built from Add/Mul/Clip/Div, affine blocks) left in float: on PP-LCNet's hard-swish chains ONNX
+    Runtime's QLinearAdd/QLinearMul cost more than the float ops (PP-OCRv4 detector, 320x320, 2 threads, one
+    interleaved run: 0.70x FP32's p50 against 0.83x with every op quantized)."""
     from onnxruntime.quantization import QuantFormat, QuantType
 
     options = dict(quant_format=QuantFormat.QDQ, per_channel=True, activation_type=QuantType.QUInt8,
@@ -331,8 +331,8 @@ def ort_options(transformer: bool, ignored: list[str], compute_only: bool = Fals
                    extra_options={"CalibTensorRangeSymmetric": False, "WeightSymmetric": True})
     if ignored:
         options["nodes_to_exclude"] = list(ignored)
-    if compute_only:
-        options["op_types_to_quantize"] = list(COMPUTE_OPS)
+    if compute is not None:
+        options["nodes_to_quantize"] = list(compute)
     if transformer:
         options["op_types_to_quantize"] = ["MatMul", "Gemm", "Gather"]
         options["extra_options"]["OpTypesToExcludeOutputQuantization"] = ["Gemm"]
@@ -411,6 +411,26 @@ def quantize_weights(model, names: list[str]) -> int:
     return len(done)
 
 
+def compute_nodes(model) -> list[str]:
+    """Names of the ``COMPUTE_OPS`` nodes of ``model`` and of the Relu/Clip each feeds alone (which ONNX Runtime
+    folds into the fused op); unnamed nodes get a name first."""
+    graph = model.graph
+    readers: dict[str, list] = {}
+    for index, node in enumerate(graph.node):
+        if not node.name:
+            node.name = f"edgeopt_{node.op_type}_{index}"
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    names = []
+    for node in graph.node:
+        if node.op_type in COMPUTE_OPS:
+            names.append(node.name)
+            users = readers.get(node.output[0], [])
+            if len(users) == 1 and users[0].op_type in ("Relu", "Clip"):
+                names.append(users[0].name)
+    return names
+
+
 def _ort(model, calibration: SampleSet, subset_size: int, transformer: bool, ignored: list[str],
          compute_only: bool = False):
     import onnx
@@ -425,12 +445,16 @@ def _ort(model, calibration: SampleSet, subset_size: int, transformer: bool, ign
         def get_next(self):
             return next(self._samples, None)
 
+    compute = None
+    if compute_only:
+        model = copy.deepcopy(model)  # named nodes: quantize_static selects by name
+        compute = compute_nodes(model)
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
         onnx.save(model, str(src))
         # ORT's calibrator writes augmented models next to the working directory unless told otherwise.
         quantize_static(str(src), str(dst), Reader(), calibration_providers=["CPUExecutionProvider"],
-                        **ort_options(transformer, ignored, compute_only))
+                        **ort_options(transformer, ignored, compute))
         quantized = onnx.load(str(dst))
     if transformer:
         float_side_paths(quantized)
