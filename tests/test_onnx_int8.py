@@ -254,7 +254,7 @@ def test_optimize_never_picks_int8_slower_than_float():
     assert choose([fp32, faster], "file_mb") is faster
 
 
-def test_backend_choice_prefers_fusable_then_fidelity_then_size():
+def test_backend_choice_prefers_fusable_then_fidelity_then_fusion_then_size():
     from edgeopt.passes.onnx_int8 import Built, choose
 
     nncf = Built("nncf", model=object(), bytes=400, cosine=0.998, unfused=0.6)  # faithful, but runs unfused
@@ -264,7 +264,9 @@ def test_backend_choice_prefers_fusable_then_fidelity_then_size():
     worse = Built("ort", model=object(), bytes=300, cosine=0.95, unfused=0.0)
     assert choose([fused_nncf, worse]) is fused_nncf  # both fuse: fidelity first
     close = Built("ort", model=object(), bytes=300, cosine=0.995, unfused=0.0)
-    assert choose([fused_nncf, close]) is close  # fidelity within 0.01: the smaller file
+    assert choose([fused_nncf, close]) is fused_nncf  # fidelity within 0.01: still the more faithful
+    same = Built("ort", model=object(), bytes=300, cosine=0.99801, unfused=0.0)
+    assert choose([fused_nncf, same]) is same  # the same fidelity to 4 decimals: the smaller file
 
 
 def test_unfused_share_of_nncf_graph_is_found(opset11_const):
@@ -412,13 +414,13 @@ def _raced(paths, built):
 
 
 def test_choice_takes_a_decisively_faster_contender(tmp_path):
-    """The rule prefers the smaller file; the other contender does a sixth of the work, and the race says so."""
+    """The rule prefers the more faithful; the other contender does a sixth of the work, and the race says so."""
     from edgeopt.passes.onnx_int8 import Built, DECISIVE
 
     for depth in (1, 6):
         _matmul_chain(depth, tmp_path / f"d{depth}.onnx")
-    slow = Built("nncf", model=object(), bytes=100, cosine=0.99, unfused=0.0)
-    fast = Built("ort", model=object(), bytes=200, cosine=0.995, unfused=0.0)
+    slow = Built("nncf", model=object(), bytes=100, cosine=0.995, unfused=0.0)
+    fast = Built("ort", model=object(), bytes=200, cosine=0.99, unfused=0.0)
     chosen, reason, rule = _raced([tmp_path / "d6.onnx", tmp_path / "d6.onnx", tmp_path / "d1.onnx"], [slow, fast])
     assert rule is slow and chosen is fast, reason
     assert reason.startswith("decisively faster") and fast.vs_rule[2] < DECISIVE
@@ -427,12 +429,12 @@ def test_choice_takes_a_decisively_faster_contender(tmp_path):
 
 def test_choice_falls_back_to_the_rule_when_speed_is_undecided(tmp_path):
     """Two contenders running the same graph: the race finds neither decisively faster, the rule decides (the
-    smaller file), so the same inputs give the same artifact."""
+    more faithful), so the same inputs give the same artifact."""
     from edgeopt.passes.onnx_int8 import Built, OnnxInt8
 
     _matmul_chain(2, tmp_path / "d2.onnx")
-    a = Built("nncf", model=object(), bytes=300, cosine=0.99, unfused=0.0)
-    b = Built("ort", model=object(), bytes=200, cosine=0.992, unfused=0.0)
+    a = Built("nncf", model=object(), bytes=200, cosine=0.99, unfused=0.0)
+    b = Built("ort", model=object(), bytes=300, cosine=0.992, unfused=0.0)
     chosen, reason, rule = _raced([tmp_path / "d2.onnx"] * 3, [a, b])
     assert chosen is rule is b and "no other contender decisively faster" in reason, reason
     assert a.vs_rule is not None and b.vs_rule is None

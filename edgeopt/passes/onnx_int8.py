@@ -14,10 +14,10 @@ asks NNCF for per-tensor activations and stores them unsigned, and all 52 fuse (
 
 The choice (:func:`contenders`, :func:`choose`, :func:`race`, :func:`pick`): the candidates ONNX Runtime can
 fuse whose fidelity (worst output's cosine to FP32) is within ``FIDELITY_TOLERANCE`` of the best contend; a
-deterministic rule picks one (fewest unfused ops, smallest file); FP32 and every candidate are then timed in
-ONNX Runtime in interleaved rounds (2 threads, ``edgeopt.vs_fp32``'s machinery, bounded rounds and seconds) and
-a contender replaces the rule's pick only when it is decisively faster (its whole interval on p50 over the
-pick's below ``DECISIVE``). Timing on a shared host is noisy; a choice that is not decisive falls back to the
+deterministic rule picks one (best fidelity, then fewest unfused ops, smallest file); FP32 and every candidate
+are then timed in ONNX Runtime in interleaved rounds (2 threads, ``edgeopt.vs_fp32``'s machinery, bounded
+rounds and seconds) and a contender replaces the rule's pick only when it is decisively faster (its whole
+interval on p50 over the pick's below ``DECISIVE``). Timing on a shared host is noisy; a choice that is not decisive falls back to the
 rule, so the same inputs give the same artifact unless one backend is clearly faster, and the report records
 each candidate's size, p50 (with interval), fidelity and why the winner won.
 
@@ -45,7 +45,7 @@ from edgeopt.onnx_prep import normalise
 from edgeopt.vs_fp32 import (BLOCK_S, COVERAGE, THREADS, Rounds, interleaved_rounds, median_interval,
                              settings_for)
 
-FIDELITY_TOLERANCE = 0.01  # cosines this close count as equal fidelity; then speed decides
+FIDELITY_TOLERANCE = 0.01  # a candidate this close to the best cosine contends: a decisive speed gain wins
 MAX_UNFUSED = 0.1  # a graph with more than 10% of its quantized Conv/Gemm/MatMul unfusable runs them in float
 CHOICE_SAMPLES = 16  # calibration samples used to compare the backends' fidelity
 DECISIVE = 0.95  # a contender whose whole interval on its p50 over the rule's pick lies below this is faster
@@ -106,7 +106,8 @@ class OnnxInt8:
                                   f"fidelity: worst output's mean cosine to FP32 over those {CHOICE_SAMPLES} "
                                   "samples"),
                 "rule": (f"fusable (unfused share <= {MAX_UNFUSED}; all if none is), fidelity within "
-                         f"{FIDELITY_TOLERANCE} of the best, then fewest unfused ops, smallest file; a contender "
+                         f"{FIDELITY_TOLERANCE} of the best contend; the rule picks the best fidelity (to 4 "
+                         "decimals), then fewest unfused ops, smallest file; a contender "
                          f"replaces that pick only when its whole {COVERAGE:.0%} interval on p50 over the pick's lies "
                          f"below {DECISIVE} (at most {RACE_MAX_ROUNDS} rounds / {RACE_MAX_S:g} s)"),
                 "candidates": [c.describe() for c in self.candidates]}
@@ -164,8 +165,10 @@ def contenders(built: list[Built]) -> list[Built]:
 
 
 def choose(built: list[Built]) -> Built:
-    """The deterministic rule: among the contenders, fewest unfused ops, then smallest, then by name."""
-    return min(contenders(built), key=lambda b: (b.unfused, b.bytes, b.backend))
+    """The deterministic rule: among the contenders, the best fidelity (cosine to 4 decimals: the done-when is
+    "at least quantize_static's"; sizes differ by a few percent at most), then fewest unfused ops, then smallest,
+    then by name."""
+    return min(contenders(built), key=lambda b: (-round(b.cosine, 4), b.unfused, b.bytes, b.backend))
 
 
 def pick(built: list[Built], rule: Built) -> tuple[Built, str]:
@@ -181,7 +184,7 @@ def pick(built: list[Built], rule: Built) -> tuple[Built, str]:
     alone = ("the only usable candidate" if len(built) == 1 else
              "the only contender (the others are not fusable or not within the fidelity tolerance)")
     why = (alone if not others else
-           "by the deterministic rule (fusable, fidelity, then fewest unfused ops, smallest file); no other "
+           "by the deterministic rule (fusable, best fidelity, then fewest unfused ops, smallest file); no other "
            f"contender decisively faster ({COVERAGE:.0%} interval on p50 over the pick's wholly below {DECISIVE}): "
            + ", ".join(f"{b.backend} {b.vs_rule[0]:.2f}x ({b.vs_rule[1]:.2f}-{b.vs_rule[2]:.2f}x)" for b in others))
     return rule, why
