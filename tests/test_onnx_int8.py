@@ -254,7 +254,7 @@ def test_optimize_never_picks_int8_slower_than_float():
     assert choose([fp32, faster], "file_mb") is faster
 
 
-def test_backend_choice_prefers_fusable_then_fidelity_then_fusion_then_size():
+def test_backend_choice_prefers_fusable_then_fidelity_then_fusion_then_backend_order():
     from edgeopt.passes.onnx_int8 import Built, choose
 
     nncf = Built("nncf", model=object(), bytes=400, cosine=0.998, unfused=0.6)  # faithful, but runs unfused
@@ -266,7 +266,9 @@ def test_backend_choice_prefers_fusable_then_fidelity_then_fusion_then_size():
     close = Built("ort", model=object(), bytes=300, cosine=0.995, unfused=0.0)
     assert choose([fused_nncf, close]) is fused_nncf  # fidelity within 0.01: still the more faithful
     same = Built("ort", model=object(), bytes=300, cosine=0.99801, unfused=0.0)
-    assert choose([fused_nncf, same]) is same  # the same fidelity to 4 decimals: the smaller file
+    assert choose([same, fused_nncf]) is fused_nncf  # the same fidelity to 4 decimals: NNCF's, then ort's
+    conv_only = Built("ort-conv", model=object(), bytes=290, cosine=0.998, unfused=0.0)
+    assert choose([conv_only, same]) is same  # the compute-only variant wins a tie only by measured speed
 
 
 def test_unfused_share_of_nncf_graph_is_found(opset11_const):

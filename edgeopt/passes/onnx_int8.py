@@ -12,14 +12,14 @@ activations into depthwise Convs, signed residual streams): 13 of 52 Conv fused,
 asks NNCF for per-tensor activations and stores them unsigned, and all 52 fuse (:func:`per_tensor_activations`,
 :func:`unsigned_activations`). :func:`unfused_share` predicts what ONNX Runtime fuses.
 
-The choice (:func:`contenders`, :func:`choose`, :func:`race`, :func:`pick`): the candidates ONNX Runtime can
-fuse whose fidelity (worst output's cosine to FP32) is within ``FIDELITY_TOLERANCE`` of the best contend; a
-deterministic rule picks one (best fidelity, then fewest unfused ops, smallest file); FP32 and every candidate
-are then timed in ONNX Runtime in interleaved rounds (2 threads, ``edgeopt.vs_fp32``'s machinery, bounded
-rounds and seconds) and a contender replaces the rule's pick only when it is decisively faster (its whole
-interval on p50 over the pick's below ``DECISIVE``). Timing on a shared host is noisy; a choice that is not decisive falls back to the
-rule, so the same inputs give the same artifact unless one backend is clearly faster, and the report records
-each candidate's size, p50 (with interval), fidelity and why the winner won.
+The choice (:func:`contenders`, :func:`choose`, :func:`race`, :func:`pick`): the candidates ONNX Runtime can fuse
+whose fidelity (worst output's cosine to FP32) is within ``FIDELITY_TOLERANCE`` of the best contend; a
+deterministic rule picks one (best fidelity, then fewest unfused ops, then ``BACKENDS`` order); FP32 and every
+candidate are then timed in ONNX Runtime in interleaved rounds (2 threads, ``edgeopt.vs_fp32``'s machinery,
+bounded rounds and seconds) and a contender replaces the rule's pick only when it is decisively faster (its whole
+interval on p50 over the pick's below ``DECISIVE``). Timing on a shared host is noisy; a choice that is not
+decisive falls back to the rule, so the same inputs give the same artifact unless one backend is clearly faster,
+and the report records each candidate's size, p50 (with interval), fidelity and why the winner won.
 
 Transformers get ONNX Runtime's transformer recipe (:func:`ort_options`): only MatMul/Gemm quantized (not the
 embedding Gathers, LayerNorm, residual Adds, mask Where/Add or Softmax), Gemm outputs left in float (ONNX
@@ -49,6 +49,7 @@ FIDELITY_TOLERANCE = 0.01  # a candidate this close to the best cosine contends:
 MAX_UNFUSED = 0.1  # a graph with more than 10% of its quantized Conv/Gemm/MatMul unfusable runs them in float
 CHOICE_SAMPLES = 16  # calibration samples used to compare the backends' fidelity
 DECISIVE = 0.95  # a contender whose whole interval on its p50 over the rule's pick lies below this is faster
+BACKENDS = ("nncf", "ort", "ort-conv")  # built by default (but ort-conv for transformers), in the rule's order
 COMPUTE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")  # what "ort-conv" quantizes (and their Relu/Clip)
 RACE_MAX_ROUNDS, RACE_MAX_S = 12, 12.0  # the speed race stays cheap: it runs on every compress
 
@@ -107,7 +108,7 @@ class OnnxInt8:
                                   "samples"),
                 "rule": (f"fusable (unfused share <= {MAX_UNFUSED}; all if none is), fidelity within "
                          f"{FIDELITY_TOLERANCE} of the best contend; the rule picks the best fidelity (to 4 "
-                         "decimals), then fewest unfused ops, smallest file; a contender "
+                         "decimals), then fewest unfused ops, then the order nncf, ort, ort-conv; a contender "
                          f"replaces that pick only when its whole {COVERAGE:.0%} interval on p50 over the pick's lies "
                          f"below {DECISIVE} (at most {RACE_MAX_ROUNDS} rounds / {RACE_MAX_S:g} s)"),
                 "candidates": [c.describe() for c in self.candidates]}
@@ -123,7 +124,7 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
     (:func:`ort_options`), NNCF's gets the model type through ``nncf_options``; ``ffn_down_float``: the FFN
     down-projections stay float."""
     if backends is None:
-        backends = ("nncf", "ort") if transformer else ("nncf", "ort", "ort-conv")
+        backends = tuple(b for b in BACKENDS if not (transformer and b == "ort-conv"))
     prepared = normalise(model)
     ffn = ffn_down_projections(onnx_model=prepared.model) if ffn_down_float else []
     keep = list(ignored or []) + ffn
@@ -166,9 +167,15 @@ def contenders(built: list[Built]) -> list[Built]:
 
 def choose(built: list[Built]) -> Built:
     """The deterministic rule: among the contenders, the best fidelity (cosine to 4 decimals: the done-when is
-    "at least quantize_static's"; sizes differ by a few percent at most), then fewest unfused ops, then smallest,
-    then by name."""
-    return min(contenders(built), key=lambda b: (-round(b.cosine, 4), b.unfused, b.bytes, b.backend))
+    "at least quantize_static's"), then fewest unfused ops, then ``BACKENDS`` order. Not size: every candidate
+    stores int8 weights, their files differ by a few percent; and "ort-conv", which ties with "ort" wherever
+    only Conv/MatMul-adjacent ops differ (MobileNets), comes last: it wins where it is more faithful or measured
+    decisively faster (PP-LCNet's element-wise chains)."""
+    return min(contenders(built), key=lambda b: (-round(b.cosine, 4), b.unfused, _order(b.backend)))
+
+
+def _order(backend: str) -> int:
+    return BACKENDS.index(backend) if backend in BACKENDS else len(BACKENDS)
 
 
 def pick(built: list[Built], rule: Built) -> tuple[Built, str]:
@@ -184,7 +191,7 @@ def pick(built: list[Built], rule: Built) -> tuple[Built, str]:
     alone = ("the only usable candidate" if len(built) == 1 else
              "the only contender (the others are not fusable or not within the fidelity tolerance)")
     why = (alone if not others else
-           "by the deterministic rule (fusable, best fidelity, then fewest unfused ops, smallest file); no other "
+           "by the deterministic rule (fusable, best fidelity, then fewest unfused ops, backend order); no other "
            f"contender decisively faster ({COVERAGE:.0%} interval on p50 over the pick's wholly below {DECISIVE}): "
            + ", ".join(f"{b.backend} {b.vs_rule[0]:.2f}x ({b.vs_rule[1]:.2f}-{b.vs_rule[2]:.2f}x)" for b in others))
     return rule, why
