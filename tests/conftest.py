@@ -81,6 +81,21 @@ def tiny_calib(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
+def profiles(tmp_path, monkeypatch):
+    """Write device profiles into a folder on $EDGEOPT_TARGETS; returns ``write(name, text) -> path``."""
+    folder = tmp_path / "targets"
+    folder.mkdir()
+    monkeypatch.setenv("EDGEOPT_TARGETS", str(folder))
+
+    def write(name: str, text: str) -> Path:
+        path = folder / f"{name}.toml"
+        path.write_text(text)
+        return path
+
+    return write
+
+
+@pytest.fixture
 def cli():
     """Invoke the edgeopt CLI in-process; returns click's Result (exit_code, output, stderr)."""
     from edgeopt.cli import main

@@ -4,6 +4,7 @@ its matrix report, JUnit, bundles, exit code, measurement slots, and a re-run ta
 from __future__ import annotations
 
 import json
+import socket
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -43,6 +44,18 @@ def test_an_unknown_executor_is_bad_input(tmp_path):
     path = write_fleet(tmp_path, models=("digits",))
     result = fleet(path, "--out", tmp_path / "out", "--executor", "dask")
     assert result.exit_code == 2 and "--executor must be local, ray or ray=ADDRESS" in result.output
+
+
+def test_an_unreachable_ray_address_is_bad_input_at_once(tmp_path):
+    pytest.importorskip("ray")
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    path = write_fleet(tmp_path, models=("digits",))
+    result = fleet(path, "--out", tmp_path / "out", "--executor", f"ray=127.0.0.1:{port}")
+    assert result.exit_code == 2, result.output
+    assert "no Ray cluster answers there" in result.output and len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_worst_pair_decides_the_exit_code():

@@ -50,10 +50,15 @@ def three_outputs(tmp_path_factory) -> dict:
     return {"model": path, "calib": folder / "calib.npz", "eval": folder / "eval.npz"}
 
 
+def compress_ir(cli, model: dict, out, *extra: str):
+    """``edgeopt compress`` of the three-output model to an IR, gated at cosine 0.98 on every output."""
+    return cli("compress", model["model"], "--calib", model["calib"], "--eval", model["eval"], "--out", out,
+               "--format", "openvino", "--min-cosine", "0.98", *extra)
+
+
 def test_three_output_model_is_gated_on_every_output(tmp_path, three_outputs, cli):
     out = tmp_path / "all"
-    result = cli("compress", three_outputs["model"], "--calib", three_outputs["calib"], "--eval",
-                 three_outputs["eval"], "--out", out, "--format", "openvino", "--min-cosine", "0.98")
+    result = compress_ir(cli, three_outputs, out)
     assert result.exit_code == 3, result.output
     report = json.loads((out / "report.json").read_text())
     quality = report["quality"]["artifacts"]["openvino"]
@@ -67,9 +72,7 @@ def test_three_output_model_is_gated_on_every_output(tmp_path, three_outputs, cl
     assert "landmarks" in result.output and "fidelity per output" in result.output
 
     named = tmp_path / "named"
-    result = cli("compress", three_outputs["model"], "--calib", three_outputs["calib"], "--eval",
-                 three_outputs["eval"], "--out", named, "--format", "openvino", "--min-cosine", "0.98",
-                 "--outputs", "box,prob")
+    result = compress_ir(cli, three_outputs, named, "--outputs", "box,prob")
     assert result.exit_code == 0, result.output
     report = json.loads((named / "report.json").read_text())
     assert report["quality"]["gate"]["outputs"] == ["box", "prob"]
@@ -80,9 +83,7 @@ def test_int8_ac_scores_every_output(tmp_path, three_outputs, cli):
     """Accuracy control judged like the gate: the worst output's cosine, so it reverts what the fragile landmarks
     head needs (scored on the first output alone it stopped with the landmarks failing the gate)."""
     out = tmp_path / "ac"
-    result = cli("compress", three_outputs["model"], "--calib", three_outputs["calib"], "--eval",
-                 three_outputs["eval"], "--out", out, "--format", "openvino", "--min-cosine", "0.98",
-                 "--recipe", "int8_ac")
+    result = compress_ir(cli, three_outputs, out, "--recipe", "int8_ac")
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
     assert any(note.startswith("int8_ac: cosine to FP32 (worst of 3 outputs)") for note in report["notes"])

@@ -213,6 +213,7 @@ def test_connection_killed_mid_measurement_leaves_it_unmeasured_and_cleans_up(en
         time.sleep(1.0)  # well into the 60 s of timing
         probes = _probes()
         assert probes, "no measuring process"
+        assert list((work / "runs").glob("*/edgeopt-probe-*")), "temporary files outside the run folder"
         for pid in sshd.session_pids():  # the server side of the connection dies
             os.kill(pid, 9)
     finally:

@@ -36,19 +36,6 @@ p99_ms = 20
 """
 
 
-@pytest.fixture
-def profiles(tmp_path, monkeypatch):
-    """Write profiles into a folder on $EDGEOPT_TARGETS; returns ``write(name, text) -> path``."""
-    monkeypatch.setenv("EDGEOPT_TARGETS", str(tmp_path))
-
-    def write(name: str, text: str) -> Path:
-        path = tmp_path / f"{name}.toml"
-        path.write_text(text)
-        return path
-
-    return write
-
-
 def host(machine="x86_64", cpu="AMD EPYC", cpus=2, flags=("avx2", "avx512f")) -> HostInfo:
     return HostInfo(cpu_model=cpu, logical_cpus=cpus, usable_cpus=cpus, memory_bytes=None, os="Linux",
                     machine=machine, python="3.11", cpu_flags=flags)

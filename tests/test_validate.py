@@ -29,19 +29,12 @@ p99_ms = 1e4
 
 
 @pytest.fixture
-def profiles(tmp_path, monkeypatch):
-    folder = tmp_path / "targets"
-    folder.mkdir()
-    monkeypatch.setenv("EDGEOPT_TARGETS", str(folder))
-
-    def write(name: str, text: str) -> Path:
-        (folder / f"{name}.toml").write_text(text.format(name=name))
-        return folder / f"{name}.toml"
-
-    write("loose", LOOSE)
-    write("impossible", LOOSE.replace("p50_ms = 1e4", "p50_ms = 1e-6"))
-    write("loose-ort", LOOSE + "[runtime]\nname = \"onnxruntime\"\n")
-    return write
+def loose_profiles(profiles):
+    """Profiles ``loose``, ``impossible`` and ``loose-ort`` on $EDGEOPT_TARGETS."""
+    profiles("loose", LOOSE.format(name="loose"))
+    profiles("impossible", LOOSE.format(name="impossible").replace("p50_ms = 1e4", "p50_ms = 1e-6"))
+    profiles("loose-ort", LOOSE.format(name="loose-ort") + "[runtime]\nname = \"onnxruntime\"\n")
+    return profiles
 
 
 def test_budgets_from_dict_is_strict():
@@ -86,7 +79,7 @@ def test_lean_modules_import_no_heavy_packages():
     assert out.strip() == "[]"
 
 
-def test_cli_validate_passes_with_json_and_junit(cli, profiles, tiny_ir, tmp_path):
+def test_cli_validate_passes_with_json_and_junit(cli, loose_profiles, tiny_ir, tmp_path):
     json_path, junit_path = tmp_path / "r.json", tmp_path / "r.xml"
     result = cli("validate", tiny_ir, "--target", "loose", "--runs", 30, "--warmup", 5, "--min-seconds", 0,
                  "--json", json_path, "--junit", junit_path)
@@ -101,7 +94,7 @@ def test_cli_validate_passes_with_json_and_junit(cli, profiles, tiny_ir, tmp_pat
     assert {case.get("name") for case in suite.iter("testcase")} == {c["name"] for c in data["checks"]}
 
 
-def test_cli_impossible_budget_exits_4(cli, profiles, tiny_ir, tmp_path):
+def test_cli_impossible_budget_exits_4(cli, loose_profiles, tiny_ir, tmp_path):
     junit_path = tmp_path / "r.xml"
     result = cli("validate", tiny_ir.parent, "--target", "impossible", "--runs", 20, "--min-seconds", 0,
                  "--json", "-", "--junit", junit_path)
@@ -116,7 +109,7 @@ def test_cli_impossible_budget_exits_4(cli, profiles, tiny_ir, tmp_path):
     assert failure is not None and "budget 1e-06ms" in failure.get("message")
 
 
-def test_cli_onnxruntime_profile(cli, profiles, tiny_onnx):
+def test_cli_onnxruntime_profile(cli, loose_profiles, tiny_onnx):
     result = cli("validate", tiny_onnx, "--target", "loose-ort", "--runs", 20, "--min-seconds", 0, "--json", "-")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
@@ -130,13 +123,13 @@ def test_cli_onnxruntime_profile(cli, profiles, tiny_onnx):
     (("{ir}", "--target", "nope"), "unknown target 'nope'"),
     (("{ir}", "--target", "loose", "--input-shape", "input=1,1,9,9"), "does not fit the model's [1,1,8,8]"),
 ])
-def test_cli_bad_input_exits_2(cli, profiles, tiny_ir, tmp_path, args, words):
+def test_cli_bad_input_exits_2(cli, loose_profiles, tiny_ir, tmp_path, args, words):
     args = [a.format(missing=tmp_path / "none.xml", ir=tiny_ir) for a in args]
     result = cli("validate", *args, "--runs", 5, "--min-seconds", 0)
     assert result.exit_code == 2 and words in result.stderr and "Traceback" not in result.output
 
 
-def test_compress_with_target(cli, profiles, tiny_factory, tiny_calib, tmp_path):
+def test_compress_with_target(cli, loose_profiles, tiny_factory, tiny_calib, tmp_path):
     out = tmp_path / "out"
     result = cli("compress", tiny_factory, "--calib", tiny_calib, "--eval", tiny_calib, "--target", "impossible",
                  "--max-drop", 100, "--validate-runs", 20, "--validate-seconds", 0, "--out", out)
@@ -179,7 +172,7 @@ def test_isa_cap_that_leaves_no_kernel_is_dropped_and_said(cli, tiny_factory, ti
     assert capped_ok or any("ISA cap was dropped" in note for note in report.notes)
 
 
-def test_compress_target_adds_the_preferred_precision_to_a_torch_only_recipe(cli, profiles, tiny_factory,
+def test_compress_target_adds_the_preferred_precision_to_a_torch_only_recipe(cli, loose_profiles, tiny_factory,
                                                                               tiny_calib, tmp_path):
     out = tmp_path / "out"
     result = cli("compress", tiny_factory, "--calib", tiny_calib, "--recipe", "prune", "--target", "loose",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -65,6 +66,21 @@ class _LocalPair:
         return result
 
 
+CONNECT_TIMEOUT_S = 10.0
+
+
+def _check_reachable(address: str) -> None:
+    """Refuse an address nothing answers at within ``CONNECT_TIMEOUT_S`` (``ray.init`` itself retries for
+    minutes before it gives up)."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise BadInputError(f"--executor ray={address}: the address must be HOST:PORT, ray://HOST:PORT or auto")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise BadInputError(f"--executor ray={address}: no Ray cluster answers there ({first_line(exc)})") from None
+
+
 class RayExecutor:
     """Builds and measurements as Ray tasks; the pairs' searches run side by side here, one thread each, taking
     turns on this process (``_driver``) and waiting for their tasks without it."""
@@ -77,6 +93,8 @@ class RayExecutor:
         except ImportError:
             raise BadInputError("--executor ray needs Ray: pip install 'edgeopt[ray]'") from None
         self._ray = ray
+        if address and address != "auto":
+            _check_reachable(address)
         try:
             if address:
                 ray.init(address=address, log_to_driver=False, configure_logging=False)

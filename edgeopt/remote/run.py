@@ -168,8 +168,10 @@ echo "free_kb=$(df -Pk . | awk 'NR==2 {{print $4}}')"
 
 def _preamble(device: Device, work: str, run_dir: str, lean: LeanPackage, have_lib: bool) -> tuple[str, str]:
     """The start of a run's script: remove the run folder however the script ends (SIGPIPE and SIGHUP are
-    ignored so that, with the connection gone, the shell lives to run its EXIT trap), install the lean
-    package when missing, check the device's python. Returns the script text and the package's folder."""
+    ignored so that, with the connection gone, the shell lives to run its EXIT trap), keep every temporary
+    file inside it (the validator is SIGKILLed when the connection drops, so its own clean-up never runs),
+    install the lean package when missing, check the device's python. Returns the script text and the
+    package's folder."""
     q = shlex.quote
     lib = f"{work}/lib/{lean.digest}"
     install = "" if have_lib else f"""tmp=$(mktemp -d {q(work)}/lib/.install.XXXXXX)
@@ -180,6 +182,7 @@ rm -rf "$tmp"
     missing = f"edgeopt: no python '{device.python}' on the device"
     return f"""trap '' PIPE HUP
 trap 'rm -rf {q(run_dir)}' EXIT
+export TMPDIR={q(run_dir)}
 {install}command -v {q(device.python)} >/dev/null 2>&1 || {{ echo {q(missing)} >&2; exit 91; }}
 """, lib
 
