@@ -533,7 +533,12 @@ def run_entry(entry: Entry, work: Path, timing: bool = True) -> dict:
     converted = pinned_source(source, calib, work / "pinned") if pinned else source  # what edgeopt converted
     fp32_ir, fp32_onnx = save_fp32(converted, work / "fp32")
     row["recipe"] = report["recipe"]
-    row["onnx_backend"] = (report.get("decisions") or {}).get("onnx_int8", {}).get("backend")
+    choice = (report.get("decisions") or {}).get("onnx_int8", {})
+    row["onnx_backend"] = choice.get("backend")
+    row["onnx_choice"] = {"chosen_by": choice.get("chosen_by"), "reason": choice.get("reason"),
+                          "candidates": {c["backend"]: {k: c.get(k) for k in ("p50_ratio", "p50_ratio_interval",
+                                                                              "min_output_cosine", "bytes")}
+                                         for c in choice.get("candidates", [])}} if choice else None
     row["flagged"] = report.get("flagged", {})
     row["vs_fp32"] = {fmt: {k: v[k] for k in ("size_ratio", "p50_ratio", "p50_ratio_interval", "rounds") if k in v}
                       for fmt, v in (report.get("vs_fp32") or {}).items()}

@@ -180,7 +180,7 @@ def interleaved_rounds(runs, decided, *, min_rounds: int = MIN_ROUNDS, max_round
     """Time bound runs (``() -> None``) in rounds of a block of each, the order rotating between rounds
     so that load from other processes hits every run alike. After ``min_rounds``, stop as soon as
     ``decided(ratios)`` (``ratios[i]``: run i's per-round ratios over run 0) holds, at ``max_rounds``, or once
-    ``max_s`` seconds have passed."""
+    ``max_s`` seconds have passed (checked after each round from ``min_rounds`` on)."""
     started = time.perf_counter()
     for _ in range(2):  # warm-up
         for run in runs:

@@ -154,10 +154,10 @@ def test_opset11_constant_weights_int8_onnx_shrinks_per_channel(opset11_const, t
     assert _ir_weight_scales(next(a for a in result.artifacts if a.format == "openvino").path) == {"per-channel"}
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     decision = report["decisions"]["onnx_int8"]
-    assert decision["backend"] in ("nncf", "ort")
+    assert decision["backend"] in ("nncf", "ort", "ort-conv")
     assert "opset 11 -> 13 (onnx.version_converter)" in decision["normalisation"]
-    assert {c["backend"] for c in decision["candidates"]} == {"nncf", "ort"}
-    assert decision["rule_pick"] in ("nncf", "ort") and decision["reason"]  # how it was chosen, in words
+    assert {c["backend"] for c in decision["candidates"]} == {"nncf", "ort", "ort-conv"}
+    assert decision["rule_pick"] in ("nncf", "ort", "ort-conv") and decision["reason"]  # why, in words
     assert all(c["p50_ratio"] > 0 and len(c["p50_ratio_interval"]) == 2 for c in decision["candidates"])
     assert set(report["vs_fp32"]) == {"openvino", "onnx"}
     # Fidelity at least the anchor's on the same file and data (no timing asserted here: that is the bench's).
@@ -254,7 +254,7 @@ def test_optimize_never_picks_int8_slower_than_float():
     assert choose([fp32, faster], "file_mb") is faster
 
 
-def test_backend_choice_prefers_fusable_then_fidelity_then_size():
+def test_backend_choice_prefers_fusable_then_fidelity_then_fusion_then_backend_order():
     from edgeopt.passes.onnx_int8 import Built, choose
 
     nncf = Built("nncf", model=object(), bytes=400, cosine=0.998, unfused=0.6)  # faithful, but runs unfused
@@ -264,7 +264,11 @@ def test_backend_choice_prefers_fusable_then_fidelity_then_size():
     worse = Built("ort", model=object(), bytes=300, cosine=0.95, unfused=0.0)
     assert choose([fused_nncf, worse]) is fused_nncf  # both fuse: fidelity first
     close = Built("ort", model=object(), bytes=300, cosine=0.995, unfused=0.0)
-    assert choose([fused_nncf, close]) is close  # fidelity within 0.01: the smaller file
+    assert choose([fused_nncf, close]) is fused_nncf  # fidelity within 0.01: still the more faithful
+    same = Built("ort", model=object(), bytes=300, cosine=0.99801, unfused=0.0)
+    assert choose([same, fused_nncf]) is fused_nncf  # the same fidelity to 4 decimals: NNCF's, then ort's
+    conv_only = Built("ort-conv", model=object(), bytes=290, cosine=0.998, unfused=0.0)
+    assert choose([conv_only, same]) is same  # the compute-only variant wins a tie only by measured speed
 
 
 def test_unfused_share_of_nncf_graph_is_found(opset11_const):
@@ -355,6 +359,33 @@ def test_unfused_share_predicts_what_onnx_runtime_fuses_on_the_mobilenet_pattern
     assert _cosine(_run(tmp_path / "unsigned.onnx", samples), _run(tmp_path / "signed.onnx", samples)) > 0.999
 
 
+def test_every_candidate_is_built_and_the_compute_only_one_keeps_element_wise_ops_float(mobilenet_pattern, tmp_path):
+    """quantize_onnx builds NNCF's, quantize_static's and its compute-only variant on a conv net; ONNX Runtime
+    fuses every Conv of each, and the compute-only one leaves Adds in float."""
+    import nncf
+
+    from edgeopt.data import SampleSet
+    from edgeopt.passes.onnx_int8 import quantize_onnx
+
+    model, samples = mobilenet_pattern
+    result = quantize_onnx(model, SampleSet(samples, None, "test"), subset_size=16,
+                           nncf_options={"preset": nncf.QuantizationPreset.PERFORMANCE})
+    built = {b.backend: b for b in result.candidates}
+    assert set(built) == {"nncf", "ort", "ort-conv"} and not any(b.error for b in built.values())
+    for b in built.values():
+        assert b.unfused == _float_conv_share(b.model, tmp_path) == 0.0, b.backend
+        assert b.cosine > 0.95 and b.p50_ratio > 0 and b.contender
+    kinds = {}
+    for name in ("ort", "ort-conv"):
+        _float_conv_share(built[name].model, tmp_path)
+        kinds[name] = [n.op_type for n in onnx.load(str(tmp_path / "q.opt.onnx")).graph.node]
+    # quantize_static quantizes every Add; compute-only quantizes none (ONNX Runtime still fuses an Add whose
+    # inputs and output are all quantized Conv tensors into QLinearAdd, here the two mid-network residuals).
+    assert kinds["ort"].count("QLinearAdd") == 3 and "Add" not in kinds["ort"]
+    assert kinds["ort-conv"].count("QLinearAdd") < 3 and "Add" in kinds["ort-conv"]
+    assert result.backend in built and result.reason
+
+
 def _matmul_chain(depth: int, path) -> None:
     """``depth`` chained 384x384 MatMuls on a 64x384 input: ``depth`` times the work of one."""
     rng = np.random.default_rng(depth)
@@ -385,13 +416,13 @@ def _raced(paths, built):
 
 
 def test_choice_takes_a_decisively_faster_contender(tmp_path):
-    """The rule prefers the smaller file; the other contender does a sixth of the work, and the race says so."""
+    """The rule prefers the more faithful; the other contender does a sixth of the work, and the race says so."""
     from edgeopt.passes.onnx_int8 import Built, DECISIVE
 
     for depth in (1, 6):
         _matmul_chain(depth, tmp_path / f"d{depth}.onnx")
-    slow = Built("nncf", model=object(), bytes=100, cosine=0.99, unfused=0.0)
-    fast = Built("ort", model=object(), bytes=200, cosine=0.995, unfused=0.0)
+    slow = Built("nncf", model=object(), bytes=100, cosine=0.995, unfused=0.0)
+    fast = Built("ort", model=object(), bytes=200, cosine=0.99, unfused=0.0)
     chosen, reason, rule = _raced([tmp_path / "d6.onnx", tmp_path / "d6.onnx", tmp_path / "d1.onnx"], [slow, fast])
     assert rule is slow and chosen is fast, reason
     assert reason.startswith("decisively faster") and fast.vs_rule[2] < DECISIVE
@@ -400,14 +431,14 @@ def test_choice_takes_a_decisively_faster_contender(tmp_path):
 
 def test_choice_falls_back_to_the_rule_when_speed_is_undecided(tmp_path):
     """Two contenders running the same graph: the race finds neither decisively faster, the rule decides (the
-    smaller file), so the same inputs give the same artifact."""
+    more faithful), so the same inputs give the same artifact."""
     from edgeopt.passes.onnx_int8 import Built, OnnxInt8
 
     _matmul_chain(2, tmp_path / "d2.onnx")
-    a = Built("nncf", model=object(), bytes=300, cosine=0.99, unfused=0.0)
-    b = Built("ort", model=object(), bytes=200, cosine=0.992, unfused=0.0)
+    a = Built("nncf", model=object(), bytes=200, cosine=0.99, unfused=0.0)
+    b = Built("ort", model=object(), bytes=300, cosine=0.992, unfused=0.0)
     chosen, reason, rule = _raced([tmp_path / "d2.onnx"] * 3, [a, b])
-    assert chosen is rule is b and "not wholly below" in reason, reason
+    assert chosen is rule is b and "no other contender decisively faster" in reason, reason
     assert a.vs_rule is not None and b.vs_rule is None
     described = OnnxInt8(chosen.model, chosen.backend, [], [a, b], 1.0, rule.backend, reason).describe()
     assert described["chosen_by"] == "rule" and described["candidates"][0]["p50_vs_rule_pick"]["interval"]

@@ -1,7 +1,9 @@
-"""INT8 for ONNX models: normalise the graph, quantize it with two backends, keep the one that measures best.
+"""INT8 for ONNX models: normalise the graph, quantize it several ways, keep the one that measures best.
 
-Why two backends: NNCF's ONNX backend and ONNX Runtime's ``quantize_static`` place QDQ differently, and which
-one is faster and more faithful depends on the model (NNCF's bias correction often gives the better fidelity).
+Why several candidates: NNCF's ONNX backend and ONNX Runtime's ``quantize_static`` place QDQ differently, and
+which one is faster and more faithful depends on the model (NNCF's bias correction often gives the better
+fidelity); a third, ``quantize_static`` with only ``COMPUTE_OPS`` quantized, wins where element-wise chains
+between Convs cost more as QLinearAdd/QLinearMul than in float.
 What ONNX Runtime's CPU provider needs to fuse DQ→Conv→Q into QLinearConv (found from its optimised graph,
 ``SessionOptions.optimized_model_filepath``): a QuantizeLinear after the op as well as before it, activation
 scales per tensor, and uint8 activations (it converts int8 pairs itself only where one QuantizeLinear feeds
@@ -10,14 +12,14 @@ activations into depthwise Convs, signed residual streams): 13 of 52 Conv fused,
 asks NNCF for per-tensor activations and stores them unsigned, and all 52 fuse (:func:`per_tensor_activations`,
 :func:`unsigned_activations`). :func:`unfused_share` predicts what ONNX Runtime fuses.
 
-The choice (:func:`contenders`, :func:`choose`, :func:`race`, :func:`pick`): the candidates ONNX Runtime can
-fuse whose fidelity (worst output's cosine to FP32) is within ``FIDELITY_TOLERANCE`` of the best contend; a
-deterministic rule picks one (fewest unfused ops, smallest file); FP32 and every candidate are then timed in
-ONNX Runtime in interleaved rounds (2 threads, ``edgeopt.vs_fp32``'s machinery, bounded rounds and seconds) and
-a contender replaces the rule's pick only when it is decisively faster (its whole interval on p50 over the
-pick's below ``DECISIVE``). Timing on a shared host is noisy; a choice that is not decisive falls back to the
-rule, so the same inputs give the same artifact unless one backend is clearly faster, and the report records
-each candidate's size, p50 (with interval), fidelity and why the winner won.
+The choice (:func:`contenders`, :func:`choose`, :func:`race`, :func:`pick`): the candidates ONNX Runtime can fuse
+whose fidelity (worst output's cosine to FP32) is within ``FIDELITY_TOLERANCE`` of the best contend; a
+deterministic rule picks one (best fidelity, then fewest unfused ops, then ``BACKENDS`` order); FP32 and every
+candidate are then timed in ONNX Runtime in interleaved rounds (2 threads, ``edgeopt.vs_fp32``'s machinery,
+bounded rounds and seconds) and a contender replaces the rule's pick only when it is decisively faster (its whole
+interval on p50 over the pick's below ``DECISIVE``). Timing on a shared host is noisy; a choice that is not
+decisive falls back to the rule, so the same inputs give the same artifact unless one backend is clearly faster,
+and the report records each candidate's size, p50 (with interval), fidelity and why the winner won.
 
 Transformers get ONNX Runtime's dynamic quantization instead of its static QDQ (:func:`_ort_dynamic`; ONNX
 Runtime's documentation recommends it for transformers on CPU): weights int8 per channel, each MatMul's input
@@ -47,10 +49,13 @@ from edgeopt.onnx_prep import normalise
 from edgeopt.vs_fp32 import (BLOCK_S, COVERAGE, THREADS, Rounds, interleaved_rounds, median_interval,
                              settings_for)
 
-FIDELITY_TOLERANCE = 0.01  # cosines this close count as equal fidelity; then speed decides
+FIDELITY_TOLERANCE = 0.01  # a candidate this close to the best cosine contends: a decisive speed gain wins
 MAX_UNFUSED = 0.1  # a graph with more than 10% of its quantized Conv/Gemm/MatMul unfusable runs them in float
 CHOICE_SAMPLES = 16  # calibration samples used to compare the backends' fidelity
 DECISIVE = 0.95  # a contender whose whole interval on its p50 over the rule's pick lies below this is faster
+BACKENDS = ("nncf", "ort", "ort-conv")  # built by default, in the rule's order
+TRANSFORMER_BACKENDS = ("nncf", "ort-dynamic")  # built by default for a transformer
+COMPUTE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")  # what "ort-conv" quantizes (and their Relu/Clip)
 RACE_MAX_ROUNDS, RACE_MAX_S = 12, 12.0  # the speed race stays cheap: it runs on every compress
 
 
@@ -107,7 +112,8 @@ class OnnxInt8:
                                   f"fidelity: worst output's mean cosine to FP32 over those {CHOICE_SAMPLES} "
                                   "samples"),
                 "rule": (f"fusable (unfused share <= {MAX_UNFUSED}; all if none is), fidelity within "
-                         f"{FIDELITY_TOLERANCE} of the best, then fewest unfused ops, smallest file; a contender "
+                         f"{FIDELITY_TOLERANCE} of the best contend; the rule picks the best fidelity (to 4 "
+                         "decimals), then fewest unfused ops, then the order nncf, ort, ort-conv; a contender "
                          f"replaces that pick only when its whole {COVERAGE:.0%} interval on p50 over the pick's lies "
                          f"below {DECISIVE} (at most {RACE_MAX_ROUNDS} rounds / {RACE_MAX_S:g} s)"),
                 "candidates": [c.describe() for c in self.candidates]}
@@ -117,16 +123,19 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
                   ignored: list[str] | None = None, transformer: bool = False, ffn_down_float: bool = False,
                   backends: tuple[str, ...] | None = None) -> OnnxInt8:
     """Normalise ``model`` and return the best INT8 model among ``backends``; a model no backend can quantize
-    is a one-line ``BadInputError`` naming what stopped them. ``ignored``: node names both backends leave in
-    float. ``transformer``: ONNX Runtime's candidate is its dynamic quantization (``ort-dynamic``) instead of
-    static QDQ (``ort``), NNCF's gets the model type through ``nncf_options``; ``ffn_down_float``: the FFN
-    down-projections keep float activations (int8 weights). ``backends``: by default NNCF's and ONNX Runtime's."""
-    backends = backends or ("nncf", "ort-dynamic" if transformer else "ort")
+    is a one-line ``BadInputError`` naming what stopped them. ``backends``: by default NNCF's, ONNX Runtime's
+    static QDQ (``ort``) and quantize_static with only Conv/ConvTranspose/Gemm/MatMul quantized (``ort-conv``);
+    for a transformer NNCF's and ONNX Runtime's dynamic quantization (``ort-dynamic``). ``ignored``: node names
+    every backend leaves in float. ``transformer``: NNCF's candidate gets the model type through
+    ``nncf_options``; ``ffn_down_float``: the FFN down-projections keep float activations (int8 weights)."""
+    if backends is None:
+        backends = TRANSFORMER_BACKENDS if transformer else BACKENDS
     prepared = normalise(model, feeds=calibration.samples[0])
     ffn = ffn_down_projections(onnx_model=prepared.model) if ffn_down_float else []
     keep = list(ignored or []) + ffn
     builders = {"nncf": lambda m: _nncf(m, calibration, subset_size, nncf_options, keep),
                 "ort": lambda m: _ort(m, calibration, subset_size, keep),
+                "ort-conv": lambda m: _ort(m, calibration, subset_size, keep, compute_only=True),
                 "ort-dynamic": lambda m: _ort_dynamic(m, keep)}
     built = []
     for name in backends:
@@ -163,8 +172,17 @@ def contenders(built: list[Built]) -> list[Built]:
 
 
 def choose(built: list[Built]) -> Built:
-    """The deterministic rule: among the contenders, fewest unfused ops, then smallest, then by name."""
-    return min(contenders(built), key=lambda b: (b.unfused, b.bytes, b.backend))
+    """The deterministic rule: among the contenders, the best fidelity (cosine to 4 decimals: the done-when is
+    "at least quantize_static's"), then fewest unfused ops, then ``BACKENDS`` order. Not size: every candidate
+    stores int8 weights, their files differ by a few percent; and "ort-conv", which ties with "ort" wherever
+    only Conv/MatMul-adjacent ops differ (MobileNets), comes last: it wins where it is more faithful or measured
+    decisively faster (PP-LCNet's element-wise chains)."""
+    return min(contenders(built), key=lambda b: (-round(b.cosine, 4), b.unfused, _order(b.backend)))
+
+
+def _order(backend: str) -> int:
+    order = BACKENDS + TRANSFORMER_BACKENDS[1:]
+    return order.index(backend) if backend in order else len(order)
 
 
 def pick(built: list[Built], rule: Built) -> tuple[Built, str]:
@@ -180,9 +198,9 @@ def pick(built: list[Built], rule: Built) -> tuple[Built, str]:
     alone = ("the only usable candidate" if len(built) == 1 else
              "the only contender (the others are not fusable or not within the fidelity tolerance)")
     why = (alone if not others else
-           "by the deterministic rule (fusable, fidelity, then fewest unfused ops, smallest file); speed undecided: "
-           + ", ".join(f"{b.backend} {b.vs_rule[0]:.2f}x ({b.vs_rule[1]:.2f}-{b.vs_rule[2]:.2f}x)" for b in others)
-           + f" of its p50, not wholly below {DECISIVE}")
+           "by the deterministic rule (fusable, best fidelity, then fewest unfused ops, backend order); no other "
+           f"contender decisively faster ({COVERAGE:.0%} interval on p50 over the pick's wholly below {DECISIVE}): "
+           + ", ".join(f"{b.backend} {b.vs_rule[0]:.2f}x ({b.vs_rule[1]:.2f}-{b.vs_rule[2]:.2f}x)" for b in others))
     return rule, why
 
 
@@ -316,8 +334,12 @@ def per_tensor_activations(advanced=None):
     return advanced
 
 
-def ort_options(ignored: list[str]) -> dict:
-    """quantize_static's options: per-channel QDQ, uint8 activations, int8 weights, ``ignored`` nodes left out."""
+def ort_options(ignored: list[str], compute: list[str] | None = None) -> dict:
+    """quantize_static's options: per-channel QDQ, uint8 activations, int8 weights, ``ignored`` nodes left out.
+    ``compute`` (:func:`compute_nodes`): only these nodes quantized, the element-wise ops between them
+    (activations built from Add/Mul/Clip/Div, affine blocks) left in float: on PP-LCNet's hard-swish chains ONNX
+    Runtime's QLinearAdd/QLinearMul cost more than the float ops (PP-OCRv4 detector, 320x320, 2 threads, one
+    interleaved run: 0.70x FP32's p50 against 0.83x with every op quantized)."""
     from onnxruntime.quantization import QuantFormat, QuantType
 
     options = dict(quant_format=QuantFormat.QDQ, per_channel=True, activation_type=QuantType.QUInt8,
@@ -325,6 +347,8 @@ def ort_options(ignored: list[str]) -> dict:
                    extra_options={"CalibTensorRangeSymmetric": False, "WeightSymmetric": True})
     if ignored:
         options["nodes_to_exclude"] = list(ignored)
+    if compute is not None:
+        options["nodes_to_quantize"] = list(compute)
     return options
 
 
@@ -372,7 +396,27 @@ def quantize_weights(model, names: list[str]) -> int:
     return len(done)
 
 
-def _ort(model, calibration: SampleSet, subset_size: int, ignored: list[str]):
+def compute_nodes(model) -> list[str]:
+    """Names of the ``COMPUTE_OPS`` nodes of ``model`` and of the Relu/Clip each feeds alone (which ONNX Runtime
+    folds into the fused op); unnamed nodes get a name first."""
+    graph = model.graph
+    readers: dict[str, list] = {}
+    for index, node in enumerate(graph.node):
+        if not node.name:
+            node.name = f"edgeopt_{node.op_type}_{index}"
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    names = []
+    for node in graph.node:
+        if node.op_type in COMPUTE_OPS:
+            names.append(node.name)
+            users = readers.get(node.output[0], [])
+            if len(users) == 1 and users[0].op_type in ("Relu", "Clip"):
+                names.append(users[0].name)
+    return names
+
+
+def _ort(model, calibration: SampleSet, subset_size: int, ignored: list[str], compute_only: bool = False):
     import onnx
     from onnxruntime.quantization import CalibrationDataReader, quantize_static
 
@@ -385,12 +429,16 @@ def _ort(model, calibration: SampleSet, subset_size: int, ignored: list[str]):
         def get_next(self):
             return next(self._samples, None)
 
+    compute = None
+    if compute_only:
+        model = copy.deepcopy(model)  # named nodes: quantize_static selects by name
+        compute = compute_nodes(model)
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
         onnx.save(model, str(src))
         # ORT's calibrator writes augmented models next to the working directory unless told otherwise.
         quantize_static(str(src), str(dst), Reader(), calibration_providers=["CPUExecutionProvider"],
-                        **ort_options(ignored))
+                        **ort_options(ignored, compute))
         return onnx.load(str(dst))
 
 

@@ -31,7 +31,8 @@ class Int8Config(StepConfig):
     (``edgeopt.passes.smooth_quant``). ``ffn_down_float`` (transformers): the FFN's second projection, whose
     input carries outlier neurons, stays in float (``edgeopt.model_type.ffn_down_projections``).
     ``onnx_backend``: which quantizer writes the ONNX INT8 model; "auto" builds NNCF's and ONNX Runtime's (its
-    static QDQ, ``ort``, or for transformers its dynamic quantization, ``ort-dynamic``) and picks by fusability,
+    static QDQ, ``ort``, and ``ort-conv`` with only the compute ops quantized; for transformers its dynamic
+    quantization, ``ort-dynamic``) and picks by fusability,
     fidelity and measured speed (``edgeopt.passes.onnx_int8``); naming one reproduces a choice exactly."""
 
     preset: Preset = "auto"
@@ -41,7 +42,7 @@ class Int8Config(StepConfig):
     model_type: Literal["auto", "transformer", "default"] = "auto"
     smooth_quant_alpha: float | None = None
     ffn_down_float: bool = True
-    onnx_backend: Literal["auto", "nncf", "ort", "ort-dynamic"] = "auto"
+    onnx_backend: Literal["auto", "nncf", "ort", "ort-conv", "ort-dynamic"] = "auto"
 
 
 @register("int8", Int8Config, stage=GRAPH, formats=("openvino", "onnx"), sets_precision=True,
