@@ -47,7 +47,8 @@ def test_an_unknown_executor_is_bad_input(tmp_path):
 
 
 def test_an_unreachable_ray_address_is_bad_input_at_once(tmp_path):
-    pytest.importorskip("ray")
+    """Refused before Ray is imported: Ray reads its authentication settings once, at import, so importing it in
+    this process before test_fleet_ray's cluster sets them made every later driver join without a token."""
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

@@ -150,8 +150,10 @@ class OpenVINOSession(Session):
             raise BadInputError(f"{path}: OpenVINO cannot load this model ({first_line(exc)})") from exc
         self.compile_seconds = time.perf_counter() - start
         self._request = self._compiled.create_infer_request()
-        self.inputs = [_ov_spec(port) for port in self._compiled.inputs]
-        self.outputs = [_ov_spec(port) for port in self._compiled.outputs]
+        # names as the file has them: compiling can merge a neighbour's tensor names into a port's (GPT-2's
+        # input read back as '55'), while the ports' order, shapes and types are the file's
+        self.inputs = [_ov_spec(port) for port in model.inputs]
+        self.outputs = [_ov_spec(port) for port in model.outputs]
 
     def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         result = self._request.infer({name: contiguous(value) for name, value in feeds.items()})

@@ -88,13 +88,13 @@ class RayExecutor:
     name = "ray"
 
     def __init__(self, address: str | None = None):
+        if address and address != "auto":
+            _check_reachable(address)
         try:
             import ray
         except ImportError:
             raise BadInputError("--executor ray needs Ray: pip install 'edgeopt[ray]'") from None
         self._ray = ray
-        if address and address != "auto":
-            _check_reachable(address)
         try:
             if address:
                 ray.init(address=address, log_to_driver=False, configure_logging=False)
