@@ -125,11 +125,9 @@ def test_report_renders_in_headless_chromium(digits, tmp_path):
     assert colours is None or len(colours) > 50  # text, tables and plots, not a blank page
 
 
-def test_impossible_profile_exits_4_naming_the_closest_candidate(tiny_factory, tiny_calib, tmp_path, monkeypatch):
-    (tmp_path / "digits-impossible.toml").write_text(
-        'extends = "digits-tight"\ndescription = "a 0.1 µs median: nothing can meet it"\n'
-        "[budgets]\np50_ms = 0.0001\n")
-    monkeypatch.setenv("EDGEOPT_TARGETS", str(tmp_path))
+def test_impossible_profile_exits_4_naming_the_closest_candidate(tiny_factory, tiny_calib, tmp_path, profiles):
+    profiles("digits-impossible", 'extends = "digits-tight"\ndescription = "a 0.1 µs median: nothing can meet it"\n'
+             "[budgets]\np50_ms = 0.0001\n")
     out = tmp_path / "out"
     result = optimize(tiny_factory, "--target", "digits-impossible", "--calib", tiny_calib, "--eval", tiny_calib,
                       "--out", out, "--cache", tmp_path / "cache")
@@ -147,11 +145,9 @@ def test_impossible_profile_exits_4_naming_the_closest_candidate(tiny_factory, t
     assert not list(out.glob("*.xml"))
 
 
-def test_a_passing_baseline_still_tries_the_cheap_wins(tiny_factory, tiny_calib, tmp_path, monkeypatch):
+def test_a_passing_baseline_still_tries_the_cheap_wins(tiny_factory, tiny_calib, tmp_path, profiles):
     """FP32 meeting every budget is no reason to stop: the fastest passing precision is chosen, measured."""
-    (tmp_path / "roomy.toml").write_text('extends = "digits-tight"\ndescription = "everything fits"\n'
-                                         "[budgets]\nmax_file_mb = 50\n")
-    monkeypatch.setenv("EDGEOPT_TARGETS", str(tmp_path))
+    profiles("roomy", 'extends = "digits-tight"\ndescription = "everything fits"\n[budgets]\nmax_file_mb = 50\n')
     result = optimize(tiny_factory, "--target", "roomy", "--calib", tiny_calib, "--eval", tiny_calib, "--out",
                       tmp_path / "out", "--cache", tmp_path / "cache", "--max-drop", "100")
     assert result.exit_code == 0, result.output
@@ -165,14 +161,12 @@ def test_a_passing_baseline_still_tries_the_cheap_wins(tiny_factory, tiny_calib,
     assert all(chosen["figures"]["p50_ms"] <= c["figures"]["p50_ms"] * 1.03 for c in passing)
 
 
-def test_nothing_within_the_gate_exits_3(tiny_factory, tmp_path, monkeypatch):
+def test_nothing_within_the_gate_exits_3(tiny_factory, tmp_path, profiles):
     """Without labels the gate compares outputs; a cosine of 1.0 cannot be met by any INT8 model."""
     rng = np.random.default_rng(1)
     data = tmp_path / "unlabelled.npz"
     np.savez(data, input=rng.random((32, 1, 8, 8), dtype=np.float32))
-    (tmp_path / "int8-only.toml").write_text('extends = "digits-tight"\ndescription = "INT8 only"\n'
-                                             '[model]\nprecisions = ["int8"]\n')
-    monkeypatch.setenv("EDGEOPT_TARGETS", str(tmp_path))
+    profiles("int8-only", 'extends = "digits-tight"\ndescription = "INT8 only"\n[model]\nprecisions = ["int8"]\n')
     plan = tmp_path / "plan.toml"
     plan.write_text('[[stage]]\nname = "baseline"\n[[stage.candidate]]\nlabel = "fp32"\nprecision = "fp32"\n'
                     'steps = []\n[[stage]]\nname = "cheap"\n[[stage.candidate]]\nlabel = "int8"\n'

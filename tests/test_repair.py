@@ -122,16 +122,15 @@ def test_repair_needs_an_int8_step_and_evaluation_data(cli, outlier_data, tmp_pa
 
 
 @pytest.mark.slow
-def test_optimize_repairs_when_int8_misses_the_gate_and_draws_the_worst_layers(outlier_data, tmp_path, monkeypatch):
+def test_optimize_repairs_when_int8_misses_the_gate_and_draws_the_worst_layers(outlier_data, tmp_path, profiles):
     from click.testing import CliRunner
 
     from edgeopt.cli import main
 
     calib, evaluation = outlier_data
     # no FP32 on this device (so the baseline cannot end the search); FP16 islands it runs
-    (tmp_path / "int8-box.toml").write_text('extends = "generic-x86-avx2-2core"\ndescription = "INT8, FP16"\n'
-                                            '[model]\nprecisions = ["int8", "fp16"]\n')
-    monkeypatch.setenv("EDGEOPT_TARGETS", str(tmp_path))
+    profiles("int8-box", 'extends = "generic-x86-avx2-2core"\ndescription = "INT8, FP16"\n'
+                         '[model]\nprecisions = ["int8", "fp16"]\n')
     plan = tmp_path / "plan.toml"
     plan.write_text('[[stage]]\nname = "baseline"\nstop_when_passed = false\n[[stage.candidate]]\nlabel = "fp32"\n'
                     'precision = "fp32"\nsteps = []\n'
