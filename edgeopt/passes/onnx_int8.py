@@ -214,10 +214,7 @@ def unfused_share(model) -> float:
     (tests/test_onnx_int8.py)."""
     graph = model.graph
     producer = {out: node for node in graph.node for out in node.output}
-    consumers: dict[str, list] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    consumers = _readers(graph)
     inits = {init.name: init for init in graph.initializer}
     outputs = {o.name for o in graph.output}
 
@@ -247,6 +244,15 @@ def unfused_share(model) -> float:
     if not quantized:
         return 0.0
     return round(sum(not fused(n) for n in quantized) / len(quantized), 4)
+
+
+def _readers(graph) -> dict[str, list]:
+    """Each tensor name of ``graph`` → the nodes that read it."""
+    readers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    return readers
 
 
 def _fusable_quantizer(quantize, inits: dict, consumers: dict) -> bool:
@@ -288,10 +294,7 @@ def unsigned_activations(model) -> int:
 
     graph = model.graph
     inits = {init.name: init for init in graph.initializer}
-    readers: dict[str, list] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    readers = _readers(graph)
     typed = {info.name: info for info in graph.value_info}
     replaced, converted = set(), 0
     for node in list(graph.node):
@@ -400,12 +403,10 @@ def compute_nodes(model) -> list[str]:
     """Names of the ``COMPUTE_OPS`` nodes of ``model`` and of the Relu/Clip each feeds alone (which ONNX Runtime
     folds into the fused op); unnamed nodes get a name first."""
     graph = model.graph
-    readers: dict[str, list] = {}
     for index, node in enumerate(graph.node):
         if not node.name:
             node.name = f"edgeopt_{node.op_type}_{index}"
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    readers = _readers(graph)
     names = []
     for node in graph.node:
         if node.op_type in COMPUTE_OPS:
