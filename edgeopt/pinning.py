@@ -67,8 +67,8 @@ def pin_branch_inputs(source, sets: list[SampleSet], folder: Path) -> Pinned | N
     to ``folder``. None when there is nothing to pin."""
     import onnx
 
-    if source.kind != "onnx":
-        return None
+    if source.kind != "onnx" or not any(spec.shape == () for spec in source.inputs):
+        return None  # nothing to pin: spare every other ONNX model a second full load
     model = onnx.load(str(source.path))
     before = count_ops(model, "If")
     values = {spec.name: np.asarray(value, spec.dtype) for spec in source.inputs if spec.shape == ()
