@@ -304,8 +304,8 @@ def test_choice_keeps_quantize_static_unless_a_contender_is_measurably_faster():
         assert pick(built, choose(built))[0].backend == "ort"
     both = candidates((0.90, 0.85, 0.95), nncf_vs=(0.80, 0.75, 0.90))  # NNCF's fused and faster still
     assert choose(both).backend == "ort" and pick(both, choose(both))[0].backend == "nncf"
-    assert settled((0.85, 0.99)) and settled((1.01, 1.2)) and settled((1 - MATERIAL, 1 + MATERIAL))
-    assert not settled((0.9, 1.05)) and not settled((0.97, 1.01))
+    assert settled((1.01, 1.2)) and settled((1 - MATERIAL, 1 + MATERIAL))  # slower, or a tie: the rule stays
+    assert not settled((0.9, 1.05)) and not settled((0.97, 1.01)) and not settled((0.85, 0.99))  # faster: to the end
 
 
 def test_unfused_share_of_nncf_graph_is_found(opset11_const):
