@@ -32,7 +32,8 @@ class Int8Config(StepConfig):
     input carries outlier neurons, stays in float (``edgeopt.model_type.ffn_down_projections``).
     ``onnx_backend``: which quantizer writes the ONNX INT8 model; "auto" builds NNCF's and ONNX Runtime's (its
     static QDQ, ``ort``, and ``ort-conv`` with only the compute ops quantized; for transformers its dynamic
-    quantization, ``ort-dynamic``) and picks by fusability,
+    quantization, ``ort-dynamic``, and where Conv weights are a substantial share ``ort-hybrid``: Convs static,
+    MatMuls dynamic) and picks by fusability,
     fidelity and measured speed (``edgeopt.passes.onnx_int8``); naming one reproduces a choice exactly."""
 
     preset: Preset = "auto"
@@ -42,7 +43,7 @@ class Int8Config(StepConfig):
     model_type: Literal["auto", "transformer", "default"] = "auto"
     smooth_quant_alpha: float | None = None
     ffn_down_float: bool = True
-    onnx_backend: Literal["auto", "nncf", "ort", "ort-conv", "ort-dynamic"] = "auto"
+    onnx_backend: Literal["auto", "nncf", "ort", "ort-conv", "ort-dynamic", "ort-hybrid"] = "auto"
 
 
 @register("int8", Int8Config, stage=GRAPH, formats=("openvino", "onnx"), sets_precision=True,
