@@ -130,7 +130,7 @@ def test_repair_that_passes_before_the_float_rung_still_says_why_int8_lost_accur
     assert repair["passed_rung"] == "model_type" and repair["float_ops"] == [] and repair["float_share"] == 0
     assert repair["float_reason"].startswith("none: rung model_type passed")
     sensitivity = repair["sensitivity"]
-    assert sensitivity["model"] == "int8" and sensitivity["int8_score"] == repair["rungs"][0]["score"]
+    assert sensitivity["model"] == "int8" and sensitivity["int8_score"] <= repair["rungs"][0]["score"]  # its worst samples
     assert 1 < len(sensitivity["ranked"]) <= sensitivity["quantized_ops"]  # NNCF groups ops that revert together
     first = sensitivity["ranked"][0]
     assert "fc2" in first["name"] and first["gain"] > 0  # the layer that reads the outlier channel

@@ -46,11 +46,12 @@ class Int8RepairConfig(StepConfig):
     """``max_float_share``: the most operations the ``float_ops`` rung keeps in float, as a share of the quantized
     ones; ``islands``: allow more (``float_islands``) where the device runs float in FP16/BF16;
     ``ranking_samples``: evaluation samples the sensitivity analysis runs on (those the INT8 model gets most
-    wrong, as NNCF's accuracy control ranks)."""
+    wrong, as NNCF's accuracy control ranks; one model compile and one pass over them per quantized operation,
+    so few: the bisection on the ranking then judges every evaluation sample)."""
 
     subset_size: int = number(300, "[1, inf)")
     max_float_share: float = number(0.1, "[0, 1]")
-    ranking_samples: int = number(64, "[1, inf)")
+    ranking_samples: int = number(16, "[1, inf)")
     islands: bool = True
 
 
