@@ -154,9 +154,15 @@ def table(results: list[dict]) -> str:
         lines.append(f"{result['model']:<11} gate cosine >= {result['min_cosine']}; repair/int8_ac wall time {repair['wall_s'] / ac['wall_s']:.2f}x, "
                      f"CPU time {repair['cpu_s'] / ac['cpu_s']:.2f}x; "
                      f"FP32 IR {result['fp32_bytes'] / 1024:.1f} KiB, p50 {result['fp32_p50_ms']:.3f} ms; {verdict}")
-        if repair["repair"] and repair["repair"]["float_ops"]:
-            lines.append("    in float: " + "; ".join(
-                f"{op['name']} ({op['op_type']}, gain {op['gain']:+.4f})" for op in repair["repair"]["float_ops"]))
+        decision = repair["repair"]
+        if decision and decision["sensitivity"]:
+            sensitivity = decision["sensitivity"]
+            lines.append(f"    ranking of the {sensitivity['model']} model ({len(sensitivity['ranked'])} groups of "
+                         f"{sensitivity['quantized_ops']} quantized operations, {sensitivity['samples']} samples): "
+                         f"{sensitivity['seconds']:.1f} s of the repair's {decision['seconds']:.1f} s; worst: " + "; ".join(
+                             f"{op['name']} ({op['op_type']}, gain {op['gain']:+.4f})" for op in sensitivity["ranked"][:3]))
+            lines.append(f"    in float: {decision['float_reason']}" + "".join(
+                f"\n      {op['name']} ({op['op_type']}, gain {op['gain']:+.4f})" for op in decision["float_ops"]))
     return "\n".join(lines)
 
 

@@ -11,7 +11,8 @@ cosine and SQNR against the FP32 model, and the gate's figure (top-1 with labels
 cosine); operations are ranked by how much reverting them recovers that figure, then the worst output's SQNR.
 
 Activation ranges, for the quantizers on each operation's inputs, from the FP32 model on the same samples:
-``range_ratio`` = the largest channel's max |x| / the median channel's max |x| (axis 1; an outlier channel, as
+``range_ratio`` = the largest channel's max |x| / the median channel's max |x| (channels: the axis a MatMul reads
+reduces over, e.g. a transformer's hidden size, else axis 1 as in NCHW; an outlier channel, as
 in SmoothQuant and LLM.int8(), stretches a per-tensor INT8 range for every other channel), and
 ``clipped`` = share of values outside the calibrated [input_low, input_high] of the FakeQuantize.
 """
@@ -61,7 +62,8 @@ class Sensitivity:
     int8_sqnr_db: dict[str, float]
     quantized_ops: int  # NNCF's count of quantized operations in the INT8 model
     ranked: tuple[OpSensitivity, ...]  # most sensitive first
-    seconds: float = 0.0
+    model: str  # which INT8 model was ranked (the repair ladder's rung that made it)
+    seconds: float
 
     def describe(self) -> dict:
         described = asdict(self)
@@ -114,10 +116,11 @@ class Reverter:
 
 def analyse(fp32_model, quantized_model, samples: SampleSet, gate: QualityGate, output_names: list[str],
             quiet: bool = True, reverter: Reverter | None = None, judge: Judge | None = None,
-            int8: Verdict | None = None, subset: str = "") -> Sensitivity:
+            int8: Verdict | None = None, subset: str = "", model: str = "int8") -> Sensitivity:
     """Rank every quantized operation of ``quantized_model`` (an NNCF INT8 OpenVINO model of ``fp32_model``,
     weights still under FakeQuantize) on ``samples``. ``judge`` (on ``samples``) and ``int8`` (its verdict on
-    ``quantized_model``): reused when the caller has them; ``subset``: how ``samples`` were chosen, in words."""
+    ``quantized_model``): reused when the caller has them; ``subset``: how ``samples`` were chosen, in words;
+    ``model``: which INT8 model ``quantized_model`` is, in the report."""
     import time
 
     from nncf.common.logging.track_progress import track
@@ -144,8 +147,10 @@ def analyse(fp32_model, quantized_model, samples: SampleSet, gate: QualityGate, 
     measure = (f"minus the drop of the task metric's {gate.metric.primary}" if gate.metric is not None
                else "top-1" if judge.reference.top1 is not None and int8.quality.top1 is not None
                else "worst gated output's cosine")
-    return Sensitivity(METHOD + (f"; on {subset}" if subset else ""), len(samples), measure, int8_score, _cosines(int8), _sqnr(judge, int8),
-                       reverter.quantized_ops, tuple(ranked), round(time.perf_counter() - start, 3))
+    return Sensitivity(method=METHOD + (f"; on {subset}" if subset else ""), samples=len(samples), measure=measure,
+                       int8_score=int8_score, int8_cosine=_cosines(int8), int8_sqnr_db=_sqnr(judge, int8),
+                       quantized_ops=reverter.quantized_ops, ranked=tuple(ranked), model=model,
+                       seconds=round(time.perf_counter() - start, 3))
 
 
 def quantized_op_count(quantized_model) -> int:
@@ -189,7 +194,8 @@ def _activation_ranges(fp32_model, quantized_model, samples: SampleSet) -> dict[
             continue  # a weight quantizer, or bounds that are not plain constants
         name = producer.get_friendly_name()
         if name in fp32_ops and source.get_index() < fp32_ops[name].get_output_size():
-            watched[op.get_friendly_name()] = (name, source.get_index(), bounds[0].get_data(), bounds[1].get_data())
+            watched[op.get_friendly_name()] = (name, source.get_index(), bounds[0].get_data(), bounds[1].get_data(),
+                                               _channel_axis(op))
     if not watched:
         return {}
     probe = fp32_model.clone()
@@ -205,10 +211,10 @@ def _activation_ranges(fp32_model, quantized_model, samples: SampleSet) -> dict[
             collected[key].append(value)
     figures = {}
     for key in keys:
-        _, _, low, high = watched[key]
+        _, _, low, high, axis = watched[key]
         stacked = [np.asarray(v, dtype=np.float64) for v in collected[key]]
         size = sum(v.size for v in stacked)
-        ratio = _channel_range_ratio(stacked)
+        ratio = _channel_range_ratio(stacked, axis)
         try:
             outside = sum(int(np.count_nonzero((v < low) | (v > high))) for v in stacked)
         except ValueError:  # bounds that do not broadcast to the tensor (should not happen): no figure
@@ -217,10 +223,24 @@ def _activation_ranges(fp32_model, quantized_model, samples: SampleSet) -> dict[
     return figures
 
 
-def _channel_range_ratio(values: list[np.ndarray]) -> float:
-    """Largest over median per-channel max |x| (channels on axis 1; every value its own channel for rank < 2)."""
+def _channel_axis(fake_quantize) -> int:
+    """The channel axis of the tensor ``fake_quantize`` quantizes: the axis its first MatMul consumer reduces over
+    (the hidden size of a transformer's activations), else 1 (NCHW)."""
+    for target in fake_quantize.output(0).get_target_inputs():
+        node = target.get_node()
+        if node.get_type_name() == "MatMul":
+            attrs = node.get_attributes()
+            if target.get_index() == 0:
+                return -2 if attrs.get("transpose_a") else -1
+            return -1 if attrs.get("transpose_b") else -2
+    return 1
+
+
+def _channel_range_ratio(values: list[np.ndarray], axis: int = 1) -> float:
+    """Largest over median per-channel max |x| (channels on ``axis``; every value its own channel for rank < 2)."""
     if values[0].ndim >= 2:
-        peaks = np.max([np.abs(np.moveaxis(v, 1, 0).reshape(v.shape[1], -1)).max(axis=1) for v in values], axis=0)
+        peaks = np.max([np.abs(np.moveaxis(v, axis, 0).reshape(v.shape[axis], -1)).max(axis=1) for v in values],
+                       axis=0)
     else:
         peaks = np.abs(np.concatenate([v.ravel() for v in values]))
     middle = float(np.median(peaks))

@@ -14,6 +14,7 @@ from conftest import report_schema_errors
 HERE = Path(__file__).parent
 OUTLIER_MODEL = f"{HERE / 'outlier_net.py'}:build"
 PLANTED = "conv2"  # the layer that reads the outlier channel (tests/outlier_net.py)
+MIXER_MODEL = f"{HERE / 'outlier_mixer.py'}:build"
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +109,35 @@ def test_repair_passes_the_gate_names_the_ops_and_reproduces_in_one_step(cli, ou
     assert again.exit_code == 0, again.output
     for name in ("model.xml", "model.bin"):
         assert (tmp_path / "again" / name).read_bytes() == (out / name).read_bytes()
+
+
+@pytest.mark.slow
+def test_repair_that_passes_before_the_float_rung_still_says_why_int8_lost_accuracy(cli, tmp_path):
+    """Plain INT8 misses the gate on a token mixer with an outlier channel, the model_type rung (SmoothQuant) passes
+    it: no operation stays in float, yet the report, the console and repair.html rank plain INT8's operations,
+    draw the worst layers and say why none was left in float."""
+    rng = np.random.default_rng(0)
+    for name, count in (("calib", 64), ("eval", 48)):
+        np.savez(tmp_path / f"{name}.npz", input=rng.standard_normal((count, 1, 8, 16)).astype(np.float32))
+    out = tmp_path / "repaired"
+    result = cli("compress", MIXER_MODEL, "--calib", tmp_path / "calib.npz", "--eval", tmp_path / "eval.npz",
+                 "--repair", "--format", "openvino", "--out", out)
+    assert result.exit_code in (0, 4), result.output  # 4: a spread budget on a busy host
+    report = json.loads((out / "report.json").read_text())
+    assert report_schema_errors(report) == []
+    repair = report["decisions"]["int8_repair"]
+    assert [(r["rung"], r["passed"]) for r in repair["rungs"]] == [("int8", False), ("model_type", True)]
+    assert repair["passed_rung"] == "model_type" and repair["float_ops"] == [] and repair["float_share"] == 0
+    assert repair["float_reason"].startswith("none: rung model_type passed")
+    sensitivity = repair["sensitivity"]
+    assert sensitivity["model"] == "int8" and sensitivity["int8_score"] <= repair["rungs"][0]["score"]  # its worst samples
+    assert 1 < len(sensitivity["ranked"]) <= sensitivity["quantized_ops"]  # NNCF groups ops that revert together
+    first = sensitivity["ranked"][0]
+    assert "fc2" in first["name"] and first["gain"] > 0  # the layer that reads the outlier channel
+    assert first["range_ratio"] > 10 * max(op["range_ratio"] or 0 for op in sensitivity["ranked"][1:])
+    assert "why INT8 lost accuracy" in result.output and "none: rung model_type passed" in result.output
+    page = (out / "repair.html").read_text()
+    assert "Worst layers" in page and "data:image/png;base64," in page and "fc2" in page
 
 
 def test_repair_needs_an_int8_step_and_evaluation_data(cli, outlier_data, tmp_path):

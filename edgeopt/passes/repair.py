@@ -15,6 +15,11 @@ gate on the evaluation set (``edgeopt.judge``, the measures the pipeline's gate 
 7. ``float_islands``: beyond that share, where the device runs float in FP16/BF16 (the profile's inference
    precision or its fp16 precision; on the host without a target) — the same bisection up to every operation.
 
+Whenever plain INT8 misses the gate the report says why: the sensitivity ranking runs once — on plain INT8's model
+when a rung before ``float_ops`` passes (the diagnosis, after the passing model is found), else on the closest
+model of the ladder, the one ``float_ops`` reverts operations of — and ``float_reason`` says which operations were
+left in float (possibly none) and why.
+
 The result is reproduced by one ``int8`` step (its parameters, ``ignored_scope`` included): the pipeline writes it
 as ``recipe.toml`` beside the artifact.
 """
@@ -41,11 +46,12 @@ class Int8RepairConfig(StepConfig):
     """``max_float_share``: the most operations the ``float_ops`` rung keeps in float, as a share of the quantized
     ones; ``islands``: allow more (``float_islands``) where the device runs float in FP16/BF16;
     ``ranking_samples``: evaluation samples the sensitivity analysis runs on (those the INT8 model gets most
-    wrong, as NNCF's accuracy control ranks)."""
+    wrong, as NNCF's accuracy control ranks; one model compile and one pass over them per quantized operation,
+    so few: the bisection on the ranking then judges every evaluation sample)."""
 
     subset_size: int = number(300, "[1, inf)")
     max_float_share: float = number(0.1, "[0, 1]")
-    ranking_samples: int = number(64, "[1, inf)")
+    ranking_samples: int = number(16, "[1, inf)")
     islands: bool = True
 
 
@@ -67,13 +73,14 @@ class Repair:
     float_ops: list[dict] = field(default_factory=list)  # {name, op_type, operations, gain, sqnr_db, ...}
     float_share: float = 0.0  # operations left in float / quantized operations of the INT8 model
     island_precision: str | None = None  # the precision the device runs the float operations in
-    sensitivity: Sensitivity | None = None
+    float_reason: str = ""  # why these operations (or none) were left in float, in words
+    sensitivity: Sensitivity | None = None  # None only when plain INT8 passed (nothing to diagnose)
     seconds: float = 0.0
 
     def describe(self) -> dict:
         return {"rungs": [asdict(r) for r in self.rungs], "passed_rung": self.passed_rung, "step": self.step,
                 "float_ops": self.float_ops, "float_share": round(self.float_share, 4),
-                "island_precision": self.island_precision,
+                "island_precision": self.island_precision, "float_reason": self.float_reason,
                 "sensitivity": self.sensitivity.describe() if self.sensitivity else None,
                 "seconds": round(self.seconds, 3), "recipe": "recipe.toml" if self.step else None}
 
@@ -101,22 +108,33 @@ def int8_repair(model: WorkingModel, ctx: PassContext, config: Int8RepairConfig)
                                  round(time.perf_counter() - began, 3)))
         return verdict, quantized, params
 
-    params, best = {}, None
+    def rank(verdict: Verdict, quantized: Quantized, rung: str) -> Reverter:
+        """The sensitivity ranking of ``rung``'s INT8 model, on the samples it gets most wrong, into the report."""
+        reverter = Reverter(fp32, quantized.model)
+        samples = judge.worst_samples(verdict, config.ranking_samples)
+        every = samples is judge.samples  # then the ladder's judge and its verdict on the model are reused
+        repair.sensitivity = analyse(
+            fp32, quantized.model, samples, gate, names, quiet=ctx.quiet, reverter=reverter,
+            judge=judge if every else None, int8=verdict if every else None, model=rung,
+            subset=(f"all {len(samples)} evaluation samples" if every else f"the {len(samples)} of "
+                    f"{len(judge.samples)} evaluation samples the INT8 model gets most wrong (NNCF's ranking subset "
+                    "selection)"))
+        return reverter
+
+    params, best, plain = {}, None, None
     for rung, change in _ladder(fp32, model.source.model_type):
         verdict, quantized, trial = attempt(rung, {**params, **change})
         if verdict.passed:
+            if plain is not None:  # plain INT8 missed the gate: say why, though no operation stays in float
+                rank(*plain, "int8")
+                repair.float_reason = (f"none: rung {rung} passed the gate before the float_ops rung "
+                                       f"({verdict.check}); the ranking diagnoses plain INT8")
             return _finish(model, repair, rung, trial, quantized.model, quantized.note, start)
+        plain = plain or (verdict, quantized)
         if best is None or _closer(judge, judge.score(verdict), judge.score(best[0])):
-            params, best = trial, (verdict, quantized)
+            params, best = trial, (verdict, quantized, rung)
 
-    reverter = Reverter(fp32, best[1].model)
-    ranking = judge.worst_samples(best[0], config.ranking_samples)
-    every = ranking is judge.samples  # then the ladder's judge and its verdict on the INT8 model are reused
-    repair.sensitivity = analyse(
-        fp32, best[1].model, ranking, gate, names, quiet=ctx.quiet, reverter=reverter,
-        judge=judge if every else None, int8=best[0] if every else None,
-        subset=(f"all {len(ranking)} evaluation samples" if every else f"the {len(ranking)} of {len(judge.samples)} "
-                "evaluation samples the INT8 model gets most wrong (NNCF's ranking subset selection)"))
+    reverter = rank(*best)
     ranked = list(repair.sensitivity.ranked)
     total = max(repair.sensitivity.quantized_ops, 1)
 
@@ -146,6 +164,12 @@ def int8_repair(model: WorkingModel, ctx: PassContext, config: Int8RepairConfig)
         repair.float_ops = [{**_float_op(op), "rank": i + 1} for i, op in enumerate(ranked[:k])]
         repair.float_share = len(operations(k)) / total
         repair.island_precision = island_precision if rung == "float_islands" else None
+        share = (f"beyond max_float_share {config.max_float_share:.0%}, as {island_precision} islands"
+                 if rung == "float_islands" else f"within max_float_share {config.max_float_share:.0%}")
+        repair.float_reason = (f"the {k} most sensitive of {len(ranked)} ranked groups ({len(operations(k))} of "
+                               f"{total} quantized operations, {share}) of rung {best[2]}'s model: the fewest, by "
+                               "bisection on the ranking, whose reverted model passes the gate; each one's gain is "
+                               "what keeping it alone in float recovered")
         # the same operations in NNCF's ignored scope: one int8 step reproduces it (calibrated with them in float)
         step = {**params, "ignored_scope": operations(k)}
         verdict, quantized, step = attempt(f"{rung} k={k}", step)
@@ -154,6 +178,10 @@ def int8_repair(model: WorkingModel, ctx: PassContext, config: Int8RepairConfig)
         model.notes.append(f"int8_repair: with the same operations in the ignored scope the recalibrated model "
                            f"misses the gate ({verdict.check}); keeping the reverted one (no one-step recipe)")
         return _finish(model, repair, rung, None, candidate, best[1].note, start)
+    islands = ("" if not config.islands else "; no float islands: the device does not run float in FP16/BF16"
+               if island_precision is None else f", nor every operation in {island_precision}")
+    repair.float_reason = (f"none: no k up to {cap} of the {len(ranked)} ranked groups (max_float_share "
+                           f"{config.max_float_share:.0%}) passed the gate{islands}; the closest model is kept")
     model.notes.append("int8_repair: no rung passed the quality gate; keeping the closest model "
                        f"({best[0].check})")
     _finish(model, repair, None, params, best[1].model, best[1].note, start)

@@ -95,8 +95,9 @@ def print_repair(repair: dict, out: Console, count: int = 10) -> None:
     sensitivity = repair.get("sensitivity")
     if sensitivity:
         kept = {op["name"] for op in repair["float_ops"]}
-        table = Table(title=f"most sensitive of {sensitivity['quantized_ops']} quantized operations (each kept "
-                            f"alone in float; INT8 {sensitivity['measure']} {sensitivity['int8_score']:.4f})",
+        table = Table(title=f"why INT8 lost accuracy: most sensitive of {sensitivity['quantized_ops']} quantized "
+                            f"operations of the {sensitivity['model']} model (each kept alone in float; INT8 "
+                            f"{sensitivity['measure']} {sensitivity['int8_score']:.4f}; {sensitivity['seconds']:.1f} s)",
                       box=box.SIMPLE_HEAD, pad_edge=False)
         for column in ("#", "operation", "type", "gain", "worst SQNR dB", "range ratio", "clipped", "float"):
             table.add_column(column, no_wrap=column == "operation")
@@ -109,6 +110,8 @@ def print_repair(repair: dict, out: Console, count: int = 10) -> None:
     out.print(f"int8 repair: {'passed at rung ' + repair['passed_rung'] if repair['passed_rung'] else 'no rung passed'}"
               f", {len(repair['float_ops'])} operation(s) in float ({repair['float_share']:.1%}); one-step recipe: "
               f"{repair['recipe'] or 'none (the recalibrated model missed the gate)'}")
+    if repair["float_reason"]:
+        out.print(f"in float: {repair['float_reason']}")
 
 
 def print_output_fidelity(result, out: Console) -> None:

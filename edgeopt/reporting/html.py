@@ -78,15 +78,16 @@ def render_repair(repair: dict, chart: bytes | None) -> str:
              f"{len(repair['float_ops'])} operation(s) in float ({repair['float_share']:.1%} of the quantized ones); "
              f"{escape('reproduce with ' + repair['recipe'] if repair['recipe'] else 'no one-step recipe')}</p>",
              "<h2>Rungs</h2>", _plain_table(["rung", "gate", "check", "time"], rows)]
+    parts += ["<h2>Operations left in float</h2>", f"<p>{escape(repair['float_reason'])}</p>"]
     if repair["float_ops"]:
-        parts += ["<h2>Operations left in float</h2>", _plain_table(
+        parts += [_plain_table(
             ["rank", "operation", "type", "gain", "SQNR dB", "range ratio", "clipped"],
             [[str(op["rank"]), op["name"], op["op_type"], f"{op['gain']:.4g}",
               ", ".join(f"{v:.1f}" for v in op["sqnr_db"].values()), _figure(op["range_ratio"]),
               _figure(op["clipped"])] for op in repair["float_ops"]])]
     if chart:
         data = base64.b64encode(chart).decode("ascii")
-        parts.append(f"<h2>Worst layers</h2><figure><img alt='worst layers' src='data:image/png;base64,{data}'>"
+        parts.append(f"<h2>Worst layers: why INT8 lost accuracy</h2><figure><img alt='worst layers' src='data:image/png;base64,{data}'>"
                      f"<figcaption>worst layers</figcaption></figure>")
     sensitivity = repair.get("sensitivity")
     if sensitivity:

@@ -95,8 +95,11 @@ def worst_layers(repair: dict, count: int = 15) -> bytes | None:
     ax.set_xlabel(f"{sensitivity['measure']} recovered by keeping only this operation in float "
                   f"(INT8: {sensitivity['int8_score']:.4g}; {sensitivity['samples']} samples)", fontsize=8)
     ax.tick_params(axis="y", labelsize=7)
-    ax.set_title(f"worst layers of {sensitivity['quantized_ops']} quantized operations "
-                 f"(green: kept in float by the repair)", fontsize=9, loc="left")
+    kept_note = ("green: kept in float by the repair" if kept
+                 else f"none kept in float: passed at rung {repair['passed_rung']}" if repair["passed_rung"]
+                 else "none kept in float")
+    ax.set_title(f"worst layers of {sensitivity['quantized_ops']} quantized operations of the "
+                 f"{sensitivity['model']} model ({kept_note})", fontsize=9, loc="left")
     gains = [op["gain"] for op in ranked]
     low, high = min(0.0, *gains), max(0.0, *gains)
     span = (high - low) or 1e-6
