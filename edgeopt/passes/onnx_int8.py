@@ -46,6 +46,7 @@ from edgeopt.data import SampleSet
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.model_type import ffn_down_projections
 from edgeopt.onnx_prep import normalise
+from edgeopt.recurrent import ONNX_CELLS, ONNX_WEIGHT_AXIS, ONNX_WEIGHT_INPUTS, onnx_cells
 from edgeopt.vs_fp32 import (BLOCK_S, COVERAGE, THREADS, Rounds, interleaved_rounds, median_interval,
                              settings_for)
 
@@ -121,18 +122,19 @@ class OnnxInt8:
 
 def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_options: dict,
                   ignored: list[str] | None = None, transformer: bool = False, ffn_down_float: bool = False,
-                  backends: tuple[str, ...] | None = None) -> OnnxInt8:
+                  recurrent_float: bool = False, backends: tuple[str, ...] | None = None) -> OnnxInt8:
     """Normalise ``model`` and return the best INT8 model among ``backends``; a model no backend can quantize
     is a one-line ``BadInputError`` naming what stopped them. ``backends``: by default NNCF's, ONNX Runtime's
     static QDQ (``ort``) and quantize_static with only Conv/ConvTranspose/Gemm/MatMul quantized (``ort-conv``);
     for a transformer NNCF's and ONNX Runtime's dynamic quantization (``ort-dynamic``). ``ignored``: node names
     every backend leaves in float. ``transformer``: NNCF's candidate gets the model type through
-    ``nncf_options``; ``ffn_down_float``: the FFN down-projections keep float activations (int8 weights)."""
+    ``nncf_options``; ``ffn_down_float``: the FFN down-projections keep float activations (int8 weights);
+    ``recurrent_float``: so do the recurrent cells (``edgeopt.recurrent``)."""
     if backends is None:
         backends = TRANSFORMER_BACKENDS if transformer else BACKENDS
     prepared = normalise(model, feeds=calibration.samples[0])
     ffn = ffn_down_projections(onnx_model=prepared.model) if ffn_down_float else []
-    keep = list(ignored or []) + ffn
+    keep = list(ignored or []) + ffn + (onnx_cells(prepared.model) if recurrent_float else [])
     builders = {"nncf": lambda m: _nncf(m, calibration, subset_size, nncf_options, keep),
                 "ort": lambda m: _ort(m, calibration, subset_size, keep),
                 "ort-conv": lambda m: _ort(m, calibration, subset_size, keep, compute_only=True),
@@ -141,7 +143,8 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
     for name in backends:
         try:
             quantized = builders[name](prepared.model)
-            quantize_weights(quantized, ffn)  # float activations, int8 weights: the file still shrinks ~4x
+            # float activations, int8 weights: the file still shrinks ~4x
+            quantize_weights(quantized, ffn, recurrent=recurrent_float)
             built.append(Built(name, quantized))
         except Exception as exc:  # a backend that cannot handle the graph: the other one may
             built.append(Built(name, error=first_line(exc)[:300]))
@@ -355,9 +358,10 @@ def ort_options(ignored: list[str], compute: list[str] | None = None) -> dict:
     return options
 
 
-def quantize_weights(model, names: list[str]) -> int:
-    """Store the constant weight of the MatMul/Gemm nodes ``names`` as symmetric per-output-channel int8 behind a
-    DequantizeLinear (weights only: their activations stay float); return how many weights were quantized."""
+def quantize_weights(model, names: list[str], *, recurrent: bool = False) -> int:
+    """Store the constant weights of the MatMul/Gemm nodes ``names`` (and with ``recurrent`` W and R of every
+    LSTM/GRU/RNN) as symmetric per-output-channel int8 behind a DequantizeLinear (weights only: their activations
+    stay float); return how many weights were quantized."""
     from onnx import helper, numpy_helper
 
     graph = model.graph
@@ -365,26 +369,34 @@ def quantize_weights(model, names: list[str]) -> int:
     wanted, done, nodes = set(names), {}, []
     for node in graph.node:
         nodes.append(node)
-        if node.name not in wanted or len(node.input) < 2 or node.input[1] not in inits:
+        if recurrent and node.op_type in ONNX_CELLS:
+            ports = ONNX_WEIGHT_INPUTS
+        elif node.name in wanted:
+            ports = (1,)
+        else:
             continue
-        weight_name = node.input[1]
-        if weight_name not in done:
-            weight = numpy_helper.to_array(inits[weight_name]).astype(np.float32)
-            transposed = node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute)
-            axis = 0 if transposed else weight.ndim - 1  # the output channels
-            reduce = tuple(i for i in range(weight.ndim) if i != axis)
-            scale = np.maximum(np.abs(weight).max(axis=reduce), 1e-12).astype(np.float32) / 127.0
-            shape = [1] * weight.ndim
-            shape[axis] = -1
-            quantized = np.clip(np.rint(weight / scale.reshape(shape)), -127, 127).astype(np.int8)
-            stem = f"{weight_name}_int8"
-            graph.initializer.extend([numpy_helper.from_array(quantized, stem),
-                                      numpy_helper.from_array(scale, f"{stem}_scale"),
-                                      numpy_helper.from_array(np.zeros_like(scale, np.int8), f"{stem}_zero")])
-            nodes.insert(-1, helper.make_node("DequantizeLinear", [stem, f"{stem}_scale", f"{stem}_zero"],
-                                              [f"{stem}_dq"], name=f"{stem}_dq", axis=axis))
-            done[weight_name] = f"{stem}_dq"
-        node.input[1] = done[weight_name]
+        for port in ports:
+            if len(node.input) <= port or node.input[port] not in inits:
+                continue
+            weight_name = node.input[port]
+            if weight_name not in done:
+                weight = numpy_helper.to_array(inits[weight_name]).astype(np.float32)
+                transposed = node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute)
+                axis = (ONNX_WEIGHT_AXIS if node.op_type in ONNX_CELLS  # the output channels
+                        else 0 if transposed else weight.ndim - 1)
+                reduce = tuple(i for i in range(weight.ndim) if i != axis)
+                scale = np.maximum(np.abs(weight).max(axis=reduce), 1e-12).astype(np.float32) / 127.0
+                shape = [1] * weight.ndim
+                shape[axis] = -1
+                quantized = np.clip(np.rint(weight / scale.reshape(shape)), -127, 127).astype(np.int8)
+                stem = f"{weight_name}_int8"
+                graph.initializer.extend([numpy_helper.from_array(quantized, stem),
+                                          numpy_helper.from_array(scale, f"{stem}_scale"),
+                                          numpy_helper.from_array(np.zeros_like(scale, np.int8), f"{stem}_zero")])
+                nodes.insert(-1, helper.make_node("DequantizeLinear", [stem, f"{stem}_scale", f"{stem}_zero"],
+                                                  [f"{stem}_dq"], name=f"{stem}_dq", axis=axis))
+                done[weight_name] = f"{stem}_dq"
+            node.input[port] = done[weight_name]
     if not done:
         return 0
     copies = [type(node)() for node in nodes]

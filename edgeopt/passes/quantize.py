@@ -12,6 +12,7 @@ from edgeopt.passes.config import StepConfig, number
 from edgeopt.passes.onnx_int8 import quantize_onnx
 from edgeopt.passes.registry import GRAPH, register
 from edgeopt.passes.smooth_quant import quantize_choosing_smooth_quant, smooth_quant_parameters
+from edgeopt.recurrent import openvino_cells
 
 Preset = Literal["auto", "performance", "mixed"]
 
@@ -30,6 +31,8 @@ class Int8Config(StepConfig):
     ``smooth_quant_alpha`` (transformers; -1 turns it off): by default chosen by measurement
     (``edgeopt.passes.smooth_quant``). ``ffn_down_float`` (transformers): the FFN's second projection, whose
     input carries outlier neurons, stays in float (``edgeopt.model_type.ffn_down_projections``).
+    ``recurrent_float``: LSTM/GRU/RNN cells keep float activations and state (OpenVINO's INT8 recurrent cell
+    loses the state), their weights int8 in ONNX (``edgeopt.recurrent``).
     ``onnx_backend``: which quantizer writes the ONNX INT8 model; "auto" builds NNCF's and ONNX Runtime's (its
     static QDQ, ``ort``, and ``ort-conv`` with only the compute ops quantized; for transformers its dynamic
     quantization, ``ort-dynamic``) and picks by fusability,
@@ -42,6 +45,7 @@ class Int8Config(StepConfig):
     model_type: Literal["auto", "transformer", "default"] = "auto"
     smooth_quant_alpha: float | None = None
     ffn_down_float: bool = True
+    recurrent_float: bool = True
     onnx_backend: Literal["auto", "nncf", "ort", "ort-conv", "ort-dynamic"] = "auto"
 
 
@@ -58,6 +62,7 @@ def int8(model: WorkingModel, ctx: PassContext, config: Int8Config) -> None:
         picked = quantize_onnx(model.graphs["onnx"], ctx.calibration, subset_size=quantized.kwargs["subset_size"],
                                nncf_options=onnx_options, ignored=list(config.ignored_scope or []),
                                transformer=quantized.transformer, ffn_down_float=quantized.ffn_down_float,
+                               recurrent_float=config.recurrent_float,
                                backends=None if config.onnx_backend == "auto" else (config.onnx_backend,))
         model.graphs["onnx"] = picked.model
         model.decisions["onnx_int8"] = picked.describe()
@@ -87,7 +92,10 @@ def quantize_openvino(ov_model, source_model_type: str | None, calibration, conf
     transformer = kind.name == TRANSFORMER
     smooth_quant_alpha = config.smooth_quant_alpha
     ffn_down_float = transformer and config.ffn_down_float
-    ignored = list(config.ignored_scope or []) + (ffn_down_projections(ov_model=ov_model) if ffn_down_float else [])
+    recurrent = [n for n in openvino_cells(ov_model) if n not in (config.ignored_scope or [])] \
+        if config.recurrent_float else []
+    ffn = ffn_down_projections(ov_model=ov_model) if ffn_down_float else []
+    ignored = list(config.ignored_scope or []) + ffn + recurrent
     kwargs = dict(
         preset=nncf_preset(config.preset),
         subset_size=min(config.subset_size, len(calibration)),
@@ -124,8 +132,9 @@ def quantize_openvino(ov_model, source_model_type: str | None, calibration, conf
         kwargs["advanced_parameters"] = smooth_quant_parameters(smooth_quant_alpha)
     chosen = config.preset if config.preset != "auto" else ("mixed" if transformer else "performance")
     smooth_quant = f", {smooth_quant}" if smooth_quant else ""
-    kept = (f", {len(ignored) - len(config.ignored_scope or [])} FFN down-projection(s) kept in float"
-            if ffn_down_float else "")
+    kept = f", {len(ffn)} FFN down-projection(s) kept in float" if ffn_down_float else ""
+    if recurrent:
+        kept += f", {len(recurrent)} recurrent cell(s) kept in float (OpenVINO's INT8 recurrent cell loses the state)"
     note = (f"preset={chosen}, subset={kwargs['subset_size']} samples, model_type={kind.describe()}"
             f"{smooth_quant}{kept}")
     return Quantized(quantized, kwargs, note, transformer, ffn_down_float,

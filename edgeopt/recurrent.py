@@ -1,0 +1,34 @@
+"""Recurrent cells (LSTM, GRU, RNN) under INT8: the cell, its state and its activations stay float; its weights
+are int8 where the runtime runs that faithfully.
+
+OpenVINO: NNCF quantizes an ``LSTMSequence``'s input X and its weights W/R (its CPU hardware config), and the CPU
+plugin then runs the cell as an INT8 recurrent primitive that loses the state. Measured (OpenVINO 2026.4.1, NNCF
+3.4.0, f32 pinned, the model read back from the saved IR) on a one-step ``nn.LSTM(64, 128)`` with its state in
+and out: state cosine 0.41 with NNCF's quantizers, 0.41 with the FakeQuantize right before X removed, 0.54 with X's range widened to
+hold the hidden state's [-1, 1], 0.998 with W/R stored float (X still quantized) and 0.998 with the cell in
+NNCF's ignored scope; Silero VAD's ``stateN`` 0.116 → 0.991. The plugin has no weight-only recurrent cell: W/R
+stored as int8 behind a Convert/Multiply with float activations is refused at compile time ("expects Constant
+for port 4"). So in the IR the cell stays float (FP16 weights in the file). NNCF already leaves a
+``GRUSequence`` with ``linear_before_reset`` (PyTorch's GRU) float.
+
+ONNX Runtime has no static INT8 recurrent kernel either (``quantize_static`` leaves LSTM/GRU float); its
+DequantizeLinear runs anywhere, so there W/R become per-row int8 behind a DequantizeLinear
+(``edgeopt.passes.onnx_int8.quantize_weights``) with X, the state and the cell float.
+"""
+
+from __future__ import annotations
+
+OPENVINO_CELLS = ("LSTMSequence", "GRUSequence", "RNNSequence", "LSTMCell", "GRUCell", "RNNCell")
+ONNX_CELLS = ("LSTM", "GRU", "RNN")
+ONNX_WEIGHT_INPUTS = (1, 2)  # W and R: [num_directions, gates * hidden, input or hidden]
+ONNX_WEIGHT_AXIS = 1  # their rows: one scale per gate and hidden unit
+
+
+def openvino_cells(ov_model) -> list[str]:
+    """Friendly names of the recurrent cells of ``ov_model`` (outside ``If`` bodies)."""
+    return [op.get_friendly_name() for op in ov_model.get_ops() if op.get_type_name() in OPENVINO_CELLS]
+
+
+def onnx_cells(onnx_model) -> list[str]:
+    """Names of the (named) recurrent cells of ``onnx_model``'s main graph."""
+    return [node.name for node in onnx_model.graph.node if node.op_type in ONNX_CELLS and node.name]
