@@ -14,16 +14,17 @@ pytestmark = pytest.mark.slow
 
 
 class StreamingLSTM(nn.Module):
-    """Silero-shaped: a frame, the state ``[h; c]`` stacked on axis 0, the probability and the next state."""
+    """Silero-shaped: a frame through a convolution, the state ``[h; c]`` stacked on axis 0, the probability and
+    the next state."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.frontend = nn.Linear(32, 64)
+        self.frontend = nn.Conv1d(1, 64, 8, stride=8)
         self.cell = nn.LSTM(64, 128)
         self.head = nn.Linear(128, 1)
 
     def forward(self, frame, state):
-        feats = torch.relu(self.frontend(frame)).unsqueeze(0) * 3
+        feats = torch.relu(self.frontend(frame.unsqueeze(1))).permute(2, 0, 1) * 3  # 4 steps
         out, (h, c) = self.cell(feats, (state[0:1], state[1:2]))
         return torch.sigmoid(self.head(out[-1])), torch.cat([h, c], 0)
 
@@ -138,3 +139,22 @@ def test_openvino_int8_recurrent_cell_loses_the_state_read_back(tmp_path, recurr
     assert result.exit_code == 3, result.output
     states = read_back_states(out, recurrent["held"], formats=("openvino",))["openvino"]
     assert cosine(states, expected_states(recurrent)) < 0.9
+
+
+def test_weights_only_int8_onnx_loads_in_onnx_runtime_and_shrinks_the_cell(tmp_path, recurrent, cli):
+    """``weights`` int8_asym to ONNX: NNCF's Conv weight scales per (output, input) channel, which ONNX Runtime
+    refuses, are stored per output channel; the recurrent W/R, which NNCF leaves float, become int8."""
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text('[[step]]\nname = "weights"\nmode = "int8_asym"\n')
+    out = tmp_path / "out"
+    result = cli("compress", recurrent["model"], "--calib", recurrent["calib"], "--eval", recurrent["eval"],
+                 "--out", out, "--format", "onnx", "--recipe", recipe)
+    assert result.exit_code == 0, result.output
+    states = read_back_states(out, recurrent["held"], formats=("onnx",))["onnx"]
+    assert cosine(states, expected_states(recurrent)) > 0.99
+    report = json.loads((out / "report.json").read_text())
+    assert report["vs_fp32"]["onnx"]["size_ratio"] < 0.4
+    notes = " ".join(report["notes"])
+    assert "recurrent weight(s)" in notes
+    if recurrent["name"] == "lstm":  # its Conv frontend
+        assert "stored per output channel" in notes
