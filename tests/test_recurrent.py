@@ -123,7 +123,7 @@ def test_int8_keeps_the_state_and_shrinks_the_recurrent_weights(tmp_path, recurr
     assert onnx_size["size_ratio"] < 0.4 and not onnx_size["larger"]
     ir_size = report["vs_fp32"]["openvino"]
     assert ir_size["larger"] == (ir_size["bytes"] > ir_size["fp32_bytes"])
-    assert any("recurrent cell(s) kept in float" in note for note in report["notes"])
+    assert any("recurrent cell(s) and" in note for note in report["notes"])
 
 
 def test_openvino_int8_recurrent_cell_loses_the_state_read_back(tmp_path, recurrent, cli):

@@ -46,7 +46,7 @@ from edgeopt.data import SampleSet
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.model_type import ffn_down_projections
 from edgeopt.onnx_prep import normalise
-from edgeopt.recurrent import ONNX_CELLS, ONNX_WEIGHT_AXIS, ONNX_WEIGHT_INPUTS, onnx_cells
+from edgeopt.recurrent import ONNX_CELLS, ONNX_WEIGHT_AXIS, ONNX_WEIGHT_INPUTS, has_onnx_cells
 from edgeopt.vs_fp32 import (BLOCK_S, COVERAGE, THREADS, Rounds, interleaved_rounds, median_interval,
                              settings_for)
 
@@ -56,6 +56,7 @@ CHOICE_SAMPLES = 16  # calibration samples used to compare the backends' fidelit
 DECISIVE = 0.95  # a contender whose whole interval on its p50 over the rule's pick lies below this is faster
 BACKENDS = ("nncf", "ort", "ort-conv")  # built by default, in the rule's order
 TRANSFORMER_BACKENDS = ("nncf", "ort-dynamic")  # built by default for a transformer
+RECURRENT_BACKENDS = ("nncf", "ort-conv")  # for a model with recurrent cells: the compute ops quantized only
 COMPUTE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")  # what "ort-conv" quantizes (and their Relu/Clip)
 RACE_MAX_ROUNDS, RACE_MAX_S = 12, 12.0  # the speed race stays cheap: it runs on every compress
 
@@ -129,12 +130,17 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
     for a transformer NNCF's and ONNX Runtime's dynamic quantization (``ort-dynamic``). ``ignored``: node names
     every backend leaves in float. ``transformer``: NNCF's candidate gets the model type through
     ``nncf_options``; ``ffn_down_float``: the FFN down-projections keep float activations (int8 weights);
-    ``recurrent_float``: so do the recurrent cells (``edgeopt.recurrent``)."""
-    if backends is None:
-        backends = TRANSFORMER_BACKENDS if transformer else BACKENDS
+    ``recurrent_float``: in a model with recurrent cells only the compute ops are quantized (NNCF's and
+    ``ort-conv``), the cells' weights int8 (``edgeopt.recurrent``)."""
     prepared = normalise(model, feeds=calibration.samples[0])
+    recurrent = recurrent_float and has_onnx_cells(prepared.model)
+    if backends is None:
+        backends = TRANSFORMER_BACKENDS if transformer else RECURRENT_BACKENDS if recurrent else BACKENDS
     ffn = ffn_down_projections(onnx_model=prepared.model) if ffn_down_float else []
-    keep = list(ignored or []) + ffn + (onnx_cells(prepared.model) if recurrent_float else [])
+    keep = list(ignored or []) + ffn
+    if recurrent:  # only the compute ops quantized (edgeopt.recurrent)
+        compute = set(compute_nodes(prepared.model))
+        keep += [node.name for node in prepared.model.graph.node if node.name not in compute]
     builders = {"nncf": lambda m: _nncf(m, calibration, subset_size, nncf_options, keep),
                 "ort": lambda m: _ort(m, calibration, subset_size, keep),
                 "ort-conv": lambda m: _ort(m, calibration, subset_size, keep, compute_only=True),
@@ -144,7 +150,7 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
         try:
             quantized = builders[name](prepared.model)
             # float activations, int8 weights: the file still shrinks ~4x
-            quantize_weights(quantized, ffn, recurrent=recurrent_float)
+            quantize_weights(quantized, ffn, recurrent=recurrent)
             built.append(Built(name, quantized))
         except Exception as exc:  # a backend that cannot handle the graph: the other one may
             built.append(Built(name, error=first_line(exc)[:300]))

@@ -12,7 +12,7 @@ from edgeopt.passes.config import StepConfig, number
 from edgeopt.passes.onnx_int8 import quantize_onnx
 from edgeopt.passes.registry import GRAPH, register
 from edgeopt.passes.smooth_quant import quantize_choosing_smooth_quant, smooth_quant_parameters
-from edgeopt.recurrent import openvino_cells
+from edgeopt.recurrent import openvino_cells, openvino_float_ops
 
 Preset = Literal["auto", "performance", "mixed"]
 
@@ -31,8 +31,9 @@ class Int8Config(StepConfig):
     ``smooth_quant_alpha`` (transformers; -1 turns it off): by default chosen by measurement
     (``edgeopt.passes.smooth_quant``). ``ffn_down_float`` (transformers): the FFN's second projection, whose
     input carries outlier neurons, stays in float (``edgeopt.model_type.ffn_down_projections``).
-    ``recurrent_float``: LSTM/GRU/RNN cells keep float activations and state (OpenVINO's INT8 recurrent cell
-    loses the state), their weights int8 in ONNX (``edgeopt.recurrent``).
+    ``recurrent_float``: in a model with LSTM/GRU/RNN cells only the compute ops are quantized; the cells (whose
+    INT8 form in OpenVINO loses the state) and the element-wise ops stay float, the cells' weights int8 in ONNX
+    (``edgeopt.recurrent``).
     ``onnx_backend``: which quantizer writes the ONNX INT8 model; "auto" builds NNCF's and ONNX Runtime's (its
     static QDQ, ``ort``, and ``ort-conv`` with only the compute ops quantized; for transformers its dynamic
     quantization, ``ort-dynamic``) and picks by fusability,
@@ -92,7 +93,7 @@ def quantize_openvino(ov_model, source_model_type: str | None, calibration, conf
     transformer = kind.name == TRANSFORMER
     smooth_quant_alpha = config.smooth_quant_alpha
     ffn_down_float = transformer and config.ffn_down_float
-    recurrent = [n for n in openvino_cells(ov_model) if n not in (config.ignored_scope or [])] \
+    recurrent = [n for n in openvino_float_ops(ov_model) if n not in (config.ignored_scope or [])] \
         if config.recurrent_float else []
     ffn = ffn_down_projections(ov_model=ov_model) if ffn_down_float else []
     ignored = list(config.ignored_scope or []) + ffn + recurrent
@@ -134,7 +135,9 @@ def quantize_openvino(ov_model, source_model_type: str | None, calibration, conf
     smooth_quant = f", {smooth_quant}" if smooth_quant else ""
     kept = f", {len(ffn)} FFN down-projection(s) kept in float" if ffn_down_float else ""
     if recurrent:
-        kept += f", {len(recurrent)} recurrent cell(s) kept in float (OpenVINO's INT8 recurrent cell loses the state)"
+        cells = len(openvino_cells(ov_model))
+        kept += (f", {cells} recurrent cell(s) and {len(recurrent) - cells} other non-compute op(s) kept in float "
+                 "(OpenVINO's INT8 recurrent cell loses the state; the state carries every upstream error)")
     note = (f"preset={chosen}, subset={kwargs['subset_size']} samples, model_type={kind.describe()}"
             f"{smooth_quant}{kept}")
     return Quantized(quantized, kwargs, note, transformer, ffn_down_float,
