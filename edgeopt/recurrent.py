@@ -15,11 +15,15 @@ ONNX Runtime has no static INT8 recurrent kernel either (``quantize_static`` lea
 DequantizeLinear runs anywhere, so there W/R become per-row int8 behind a DequantizeLinear
 (``edgeopt.passes.onnx_int8.quantize_weights``) with X, the state and the cell float.
 
-The state also carries every quantization error upstream of the cell into the next call, so in a model with
-recurrent cells only the compute ops (convolutions, MatMul/Gemm) are quantized, and the element-wise ops stay
-float (:func:`openvino_float_ops`; on ONNX the ``ort-conv`` scheme and NNCF with the same scope). Measured on
+The state also carries every quantization error upstream of the cell into the next call, so the float scope
+keeps the element-wise ops float too and quantizes only the compute ops (convolutions, MatMul, embedding
+Gathers; :func:`openvino_float_ops`; on ONNX the ``ort-conv`` scheme and NNCF with the same scope). Measured on
 Silero VAD (``silero_vad.onnx``, its LSTM float, 16 held-out stream chunks, IR read back): ``stateN`` cosine
 0.951 with NNCF's default scope, 0.9964 with only its spectrogram magnitude (Pow, Add, Sqrt) float.
+
+Not every INT8 cell loses its state (the bench's ``lstm-stateful``, an embedding into a 32-step LSTM: 1.000 from
+the file), and which do was not pinned down, so :func:`choose_scope` measures: NNCF's scope and the float scope,
+each saved and read back, the float scope kept only when it is the more faithful.
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ OPENVINO_CELLS = ("LSTMSequence", "GRUSequence", "RNNSequence", "LSTMCell", "GRU
 ONNX_CELLS = ("LSTM", "GRU", "RNN")
 OPENVINO_COMPUTE = ("Convolution", "GroupConvolution", "ConvolutionBackpropData", "GroupConvolutionBackpropData",
                     "MatMul")
-OPENVINO_STRUCTURE = ("Parameter", "Constant", "Result")
+OPENVINO_STRUCTURE = ("Parameter", "Constant", "Result", "Gather")  # Gather: an embedding's weights quantize
+SAMPLES = 16  # calibration samples the two scopes are compared on
+TOLERANCE = 0.001  # NNCF's scope is kept unless the float scope's worst-output cosine is higher by more
 ONNX_WEIGHT_INPUTS = (1, 2)  # W and R: [num_directions, gates * hidden, input or hidden]
 ONNX_WEIGHT_AXIS = 1  # their rows: one scale per gate and hidden unit
 
@@ -50,3 +56,41 @@ def openvino_float_ops(ov_model) -> list[str]:
         return []
     return [op.get_friendly_name() for op in ov_model.get_ops()
             if op.get_type_name() not in OPENVINO_COMPUTE + OPENVINO_STRUCTURE]
+
+
+def choose_scope(ov_model, samples: list[dict], float_ops: list[str], quantize) -> tuple[object, list[str], str]:
+    """``quantize(model, extra_ignored)`` with NNCF's scope (``[]``) and with ``float_ops`` float; each model is
+    written to an IR and read back (the in-memory model reads better than the file, see above) and compared with
+    ``ov_model`` on ``samples`` by its worst output's cosine. Returns the model kept, the names it keeps float
+    and a note with both figures."""
+    import tempfile
+    from pathlib import Path
+
+    import openvino as ov
+
+    from edgeopt.data import SampleSet
+    from edgeopt.evaluate import all_outputs, compare_outputs
+    from edgeopt.judge import compiled_predictor
+
+    samples = samples[:SAMPLES]
+
+    def outputs(model):
+        return all_outputs(compiled_predictor(model), SampleSet(samples, None, "calibration"), []).values
+
+    reference = outputs(ov_model)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for index, extra in enumerate(([], float_ops)):
+            quantized = quantize(ov_model.clone(), extra)
+            path = Path(tmp) / f"scope{index}.xml"
+            ov.save_model(quantized, str(path))
+            read = ov.Core().read_model(str(path))
+            results.append((min(compare_outputs(o, r).cosine for o, r in zip(outputs(read), reference)),
+                            quantized, extra))
+    (nncf_cos, nncf_model, _), (float_cos, float_model, _) = results
+    kept_float = float_cos > nncf_cos + TOLERANCE
+    figures = (f"worst-output cosine of the IR read back on {len(samples)} calibration samples: NNCF's scope "
+               f"{nncf_cos:.4f}, recurrent cells and element-wise ops float {float_cos:.4f}")
+    if kept_float:
+        return float_model, float_ops, f"recurrent cells and {len(float_ops)} non-compute op(s) kept float ({figures})"
+    return nncf_model, [], f"recurrent cells quantized as NNCF does ({figures})"

@@ -123,7 +123,10 @@ def test_int8_keeps_the_state_and_shrinks_the_recurrent_weights(tmp_path, recurr
     assert onnx_size["size_ratio"] < 0.4 and not onnx_size["larger"]
     ir_size = report["vs_fp32"]["openvino"]
     assert ir_size["larger"] == (ir_size["bytes"] > ir_size["fp32_bytes"])
-    assert any("recurrent cell(s) and" in note for note in report["notes"])
+    notes = " ".join(report["notes"])
+    assert "recurrent cells" in notes
+    if recurrent["name"] == "lstm":  # NNCF's INT8 LSTMSequence measured worse read back: the float scope is kept
+        assert "recurrent cells and" in notes and "kept float" in notes
 
 
 def test_openvino_int8_recurrent_cell_loses_the_state_read_back(tmp_path, recurrent, cli):

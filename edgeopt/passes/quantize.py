@@ -12,7 +12,7 @@ from edgeopt.passes.config import StepConfig, number
 from edgeopt.passes.onnx_int8 import quantize_onnx
 from edgeopt.passes.registry import GRAPH, register
 from edgeopt.passes.smooth_quant import quantize_choosing_smooth_quant, smooth_quant_parameters
-from edgeopt.recurrent import openvino_cells, openvino_float_ops
+from edgeopt.recurrent import choose_scope, openvino_float_ops
 
 Preset = Literal["auto", "performance", "mixed"]
 
@@ -31,9 +31,9 @@ class Int8Config(StepConfig):
     ``smooth_quant_alpha`` (transformers; -1 turns it off): by default chosen by measurement
     (``edgeopt.passes.smooth_quant``). ``ffn_down_float`` (transformers): the FFN's second projection, whose
     input carries outlier neurons, stays in float (``edgeopt.model_type.ffn_down_projections``).
-    ``recurrent_float``: in a model with LSTM/GRU/RNN cells only the compute ops are quantized; the cells (whose
-    INT8 form in OpenVINO loses the state) and the element-wise ops stay float, the cells' weights int8 in ONNX
-    (``edgeopt.recurrent``).
+    ``recurrent_float``: in a model with LSTM/GRU/RNN cells the IR keeps the cells (whose INT8 form in OpenVINO can
+    lose the state) and the element-wise ops float when that measures more faithful read back from the file; ONNX
+    quantizes only the compute ops there, the cells' weights int8 (``edgeopt.recurrent``).
     ``onnx_backend``: which quantizer writes the ONNX INT8 model; "auto" builds NNCF's and ONNX Runtime's (its
     static QDQ, ``ort``, and ``ort-conv`` with only the compute ops quantized; for transformers its dynamic
     quantization, ``ort-dynamic``) and picks by fusability,
@@ -93,10 +93,10 @@ def quantize_openvino(ov_model, source_model_type: str | None, calibration, conf
     transformer = kind.name == TRANSFORMER
     smooth_quant_alpha = config.smooth_quant_alpha
     ffn_down_float = transformer and config.ffn_down_float
-    recurrent = [n for n in openvino_float_ops(ov_model) if n not in (config.ignored_scope or [])] \
-        if config.recurrent_float else []
     ffn = ffn_down_projections(ov_model=ov_model) if ffn_down_float else []
-    ignored = list(config.ignored_scope or []) + ffn + recurrent
+    ignored = list(config.ignored_scope or []) + ffn
+    float_ops = ([n for n in openvino_float_ops(ov_model) if n not in ignored]
+                 if config.recurrent_float and not transformer else [])
     kwargs = dict(
         preset=nncf_preset(config.preset),
         subset_size=min(config.subset_size, len(calibration)),
@@ -114,9 +114,18 @@ def quantize_openvino(ov_model, source_model_type: str | None, calibration, conf
             parameters.backend_params[BackendParameters.COMPRESS_WEIGHTS] = False
         return parameters
 
-    smooth_quant = ""
+    def scoped(extra: list[str]) -> dict:
+        names = ignored + extra
+        return dict(kwargs, ignored_scope=nncf.IgnoredScope(names=names, validate=False) if names else None)
+
+    smooth_quant = recurrent = ""
     try:
-        if transformer and smooth_quant_alpha is None:
+        if float_ops:
+            quantized, kept_float, recurrent = choose_scope(
+                ov_model, calibration.samples, float_ops,
+                lambda m, extra: nncf.quantize(m, dataset, **scoped(extra), advanced_parameters=advanced(None)))
+            kwargs = scoped(kept_float)
+        elif transformer and smooth_quant_alpha is None:
             quantized, smooth_quant_alpha, smooth_quant = quantize_choosing_smooth_quant(
                 ov_model, calibration.samples,
                 lambda m, alpha: nncf.quantize(m, dataset, **kwargs, advanced_parameters=advanced(alpha)))
@@ -135,9 +144,7 @@ def quantize_openvino(ov_model, source_model_type: str | None, calibration, conf
     smooth_quant = f", {smooth_quant}" if smooth_quant else ""
     kept = f", {len(ffn)} FFN down-projection(s) kept in float" if ffn_down_float else ""
     if recurrent:
-        cells = len(openvino_cells(ov_model))
-        kept += (f", {cells} recurrent cell(s) and {len(recurrent) - cells} other non-compute op(s) kept in float "
-                 "(OpenVINO's INT8 recurrent cell loses the state; the state carries every upstream error)")
+        kept += f", {recurrent}"
     note = (f"preset={chosen}, subset={kwargs['subset_size']} samples, model_type={kind.describe()}"
             f"{smooth_quant}{kept}")
     return Quantized(quantized, kwargs, note, transformer, ffn_down_float,
