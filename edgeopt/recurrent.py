@@ -1,29 +1,29 @@
-"""Recurrent cells (LSTM, GRU, RNN) under INT8: the cell, its state and its activations stay float; its weights
-are int8 where the runtime runs that faithfully.
+"""Recurrent cells (LSTM, GRU, RNN) under INT8: which scope the IR gets, and where the cells' weights go int8.
 
 OpenVINO: NNCF quantizes an ``LSTMSequence``'s input X and its weights W/R (its CPU hardware config), and the CPU
-plugin then runs the cell as an INT8 recurrent primitive that loses the state. Measured (OpenVINO 2026.4.1, NNCF
-3.4.0, f32 pinned, the model read back from the saved IR) on a one-step ``nn.LSTM(64, 128)`` with its state in
-and out: state cosine 0.41 with NNCF's quantizers, 0.41 with the FakeQuantize right before X removed, 0.54 with X's range widened to
-hold the hidden state's [-1, 1], 0.998 with W/R stored float (X still quantized) and 0.998 with the cell in
-NNCF's ignored scope; Silero VAD's ``stateN`` 0.116 → 0.991. The plugin has no weight-only recurrent cell: W/R
+plugin may then run the cell as an INT8 primitive that loses the state. Measured (OpenVINO 2026.4.1, NNCF 3.4.0,
+f32 pinned, the IR saved and read back; in memory it read 0.998) on a one-step ``nn.LSTM(64, 128)`` behind a
+ReLU with its state in and out: state cosine 0.41 with NNCF's quantizers, 0.41 with the FakeQuantize right before
+X removed, 0.54 with X's range widened to hold the hidden state's [-1, 1], 0.998 with W/R stored float (X still
+quantized) and 0.998 with the cell in NNCF's ignored scope. The plugin has no weight-only recurrent cell: W/R
 stored as int8 behind a Convert/Multiply with float activations is refused at compile time ("expects Constant
-for port 4"). So in the IR the cell stays float (FP16 weights in the file). NNCF already leaves a
-``GRUSequence`` with ``linear_before_reset`` (PyTorch's GRU) float.
-
-ONNX Runtime has no static INT8 recurrent kernel either (``quantize_static`` leaves LSTM/GRU float); its
-DequantizeLinear runs anywhere, so there W/R become per-row int8 behind a DequantizeLinear
-(``edgeopt.passes.onnx_int8.quantize_weights``) with X, the state and the cell float.
+for port 4"), so a float cell keeps FP16 weights in the IR. NNCF itself leaves a ``GRUSequence`` with
+``linear_before_reset`` (PyTorch's GRU) float.
 
 The state also carries every quantization error upstream of the cell into the next call, so the float scope
 keeps the element-wise ops float too and quantizes only the compute ops (convolutions, MatMul, embedding
-Gathers; :func:`openvino_float_ops`; on ONNX the ``ort-conv`` scheme and NNCF with the same scope). Measured on
-Silero VAD (``silero_vad.onnx``, its LSTM float, 16 held-out stream chunks, IR read back): ``stateN`` cosine
-0.951 with NNCF's default scope, 0.9964 with only its spectrogram magnitude (Pow, Add, Sqrt) float.
+Gathers; :func:`openvino_float_ops`). Measured on Silero VAD (``silero_vad.onnx``, its LSTM float, 16 held-out
+stream chunks, IR read back): ``stateN`` cosine 0.951 with NNCF's default scope, 0.9964 with only its
+spectrogram magnitude (Pow, Add, Sqrt) float.
 
-Not every INT8 cell loses its state (the bench's ``lstm-stateful``, an embedding into a 32-step LSTM: 1.000 from
+Not every INT8 cell loses its state (the bench's ``lstm-stateful``, an embedding into a 32-step LSTM: 0.9999 from
 the file), and which do was not pinned down, so :func:`choose_scope` measures: NNCF's scope and the float scope,
 each saved and read back, the float scope kept only when it is the more faithful.
+
+ONNX Runtime has no static INT8 recurrent kernel (``quantize_static`` leaves LSTM/GRU float): a recurrent
+model gets the compute-only candidates (NNCF with the float scope, ``ort-conv``), its LSTMs become ONNX Runtime's
+DynamicQuantizeLSTM and its GRU/RNN W/R int8 behind a DequantizeLinear
+(``edgeopt.passes.onnx_int8.quantize_recurrent``).
 """
 
 from __future__ import annotations
