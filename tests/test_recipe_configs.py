@@ -101,7 +101,7 @@ def test_good_parameters_build_typed_configs(tmp_path):
     assert parsed.key()[2] == ["int8", {"preset": "mixed", "subset_size": 300, "fast_bias_correction": True,
                                         "ignored_scope": ["a"], "model_type": "auto",
                                         "smooth_quant_alpha": None, "ffn_down_float": True,
-                                        "onnx_backend": "auto"}]
+                                        "recurrent_float": True, "onnx_backend": "auto"}]
 
 
 @pytest.mark.parametrize("text, message", [

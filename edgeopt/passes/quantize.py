@@ -12,6 +12,7 @@ from edgeopt.passes.config import StepConfig, number
 from edgeopt.passes.onnx_int8 import quantize_onnx
 from edgeopt.passes.registry import GRAPH, register
 from edgeopt.passes.smooth_quant import quantize_choosing_smooth_quant, smooth_quant_parameters
+from edgeopt.recurrent import choose_scope, openvino_float_ops
 
 Preset = Literal["auto", "performance", "mixed"]
 
@@ -30,6 +31,9 @@ class Int8Config(StepConfig):
     ``smooth_quant_alpha`` (transformers; -1 turns it off): by default chosen by measurement
     (``edgeopt.passes.smooth_quant``). ``ffn_down_float`` (transformers): the FFN's second projection, whose
     input carries outlier neurons, stays in float (``edgeopt.model_type.ffn_down_projections``).
+    ``recurrent_float``: in a model with LSTM/GRU/RNN cells the IR keeps the cells (whose INT8 form in OpenVINO can
+    lose the state) and the element-wise ops float when that measures more faithful read back from the file; ONNX
+    quantizes only the compute ops there, the cells' weights int8 (``edgeopt.recurrent``).
     ``onnx_backend``: which quantizer writes the ONNX INT8 model; "auto" builds NNCF's and ONNX Runtime's (its
     static QDQ, ``ort``, and ``ort-conv`` with only the compute ops quantized; for transformers its dynamic
     quantization, ``ort-dynamic``, and where Conv weights are a substantial share ``ort-hybrid``: Convs static,
@@ -43,6 +47,7 @@ class Int8Config(StepConfig):
     model_type: Literal["auto", "transformer", "default"] = "auto"
     smooth_quant_alpha: float | None = None
     ffn_down_float: bool = True
+    recurrent_float: bool = True
     onnx_backend: Literal["auto", "nncf", "ort", "ort-conv", "ort-dynamic", "ort-hybrid"] = "auto"
 
 
@@ -59,6 +64,7 @@ def int8(model: WorkingModel, ctx: PassContext, config: Int8Config) -> None:
         picked = quantize_onnx(model.graphs["onnx"], ctx.calibration, subset_size=quantized.kwargs["subset_size"],
                                nncf_options=onnx_options, ignored=list(config.ignored_scope or []),
                                transformer=quantized.transformer, ffn_down_float=quantized.ffn_down_float,
+                               recurrent_float=config.recurrent_float,
                                backends=None if config.onnx_backend == "auto" else (config.onnx_backend,))
         model.graphs["onnx"] = picked.model
         model.decisions["onnx_int8"] = picked.describe()
@@ -88,7 +94,10 @@ def quantize_openvino(ov_model, source_model_type: str | None, calibration, conf
     transformer = kind.name == TRANSFORMER
     smooth_quant_alpha = config.smooth_quant_alpha
     ffn_down_float = transformer and config.ffn_down_float
-    ignored = list(config.ignored_scope or []) + (ffn_down_projections(ov_model=ov_model) if ffn_down_float else [])
+    ffn = ffn_down_projections(ov_model=ov_model) if ffn_down_float else []
+    ignored = list(config.ignored_scope or []) + ffn
+    float_ops = ([n for n in openvino_float_ops(ov_model) if n not in ignored]
+                 if config.recurrent_float and not transformer else [])
     kwargs = dict(
         preset=nncf_preset(config.preset),
         subset_size=min(config.subset_size, len(calibration)),
@@ -106,9 +115,18 @@ def quantize_openvino(ov_model, source_model_type: str | None, calibration, conf
             parameters.backend_params[BackendParameters.COMPRESS_WEIGHTS] = False
         return parameters
 
-    smooth_quant = ""
+    def scoped(extra: list[str]) -> dict:
+        names = ignored + extra
+        return dict(kwargs, ignored_scope=nncf.IgnoredScope(names=names, validate=False) if names else None)
+
+    smooth_quant = recurrent = ""
     try:
-        if transformer and smooth_quant_alpha is None:
+        if float_ops:
+            quantized, kept_float, recurrent = choose_scope(
+                ov_model, calibration.samples, float_ops,
+                lambda m, extra: nncf.quantize(m, dataset, **scoped(extra), advanced_parameters=advanced(None)))
+            kwargs = scoped(kept_float)
+        elif transformer and smooth_quant_alpha is None:
             quantized, smooth_quant_alpha, smooth_quant = quantize_choosing_smooth_quant(
                 ov_model, calibration.samples,
                 lambda m, alpha: nncf.quantize(m, dataset, **kwargs, advanced_parameters=advanced(alpha)))
@@ -125,8 +143,9 @@ def quantize_openvino(ov_model, source_model_type: str | None, calibration, conf
         kwargs["advanced_parameters"] = smooth_quant_parameters(smooth_quant_alpha)
     chosen = config.preset if config.preset != "auto" else ("mixed" if transformer else "performance")
     smooth_quant = f", {smooth_quant}" if smooth_quant else ""
-    kept = (f", {len(ignored) - len(config.ignored_scope or [])} FFN down-projection(s) kept in float"
-            if ffn_down_float else "")
+    kept = f", {len(ffn)} FFN down-projection(s) kept in float" if ffn_down_float else ""
+    if recurrent:
+        kept += f", {recurrent}"
     note = (f"preset={chosen}, subset={kwargs['subset_size']} samples, model_type={kind.describe()}"
             f"{smooth_quant}{kept}")
     return Quantized(quantized, kwargs, note, transformer, ffn_down_float,

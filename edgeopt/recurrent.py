@@ -1,0 +1,96 @@
+"""Recurrent cells (LSTM, GRU, RNN) under INT8: which scope the IR gets, and where the cells' weights go int8.
+
+OpenVINO: NNCF quantizes an ``LSTMSequence``'s input X and its weights W/R (its CPU hardware config), and the CPU
+plugin may then run the cell as an INT8 primitive that loses the state. Measured (OpenVINO 2026.4.1, NNCF 3.4.0,
+f32 pinned, the IR saved and read back; in memory it read 0.998) on a one-step ``nn.LSTM(64, 128)`` behind a
+ReLU with its state in and out: state cosine 0.41 with NNCF's quantizers, 0.41 with the FakeQuantize right before
+X removed, 0.54 with X's range widened to hold the hidden state's [-1, 1], 0.998 with W/R stored float (X still
+quantized) and 0.998 with the cell in NNCF's ignored scope. The plugin has no weight-only recurrent cell: W/R
+stored as int8 behind a Convert/Multiply with float activations is refused at compile time ("expects Constant
+for port 4"), so a float cell keeps FP16 weights in the IR. NNCF itself leaves a ``GRUSequence`` with
+``linear_before_reset`` (PyTorch's GRU) float.
+
+The state also carries every quantization error upstream of the cell into the next call, so the float scope
+keeps the element-wise ops float too and quantizes only the compute ops (convolutions, MatMul, embedding
+Gathers; :func:`openvino_float_ops`). Measured on Silero VAD (``silero_vad.onnx``, its LSTM float, 16 held-out
+stream chunks, IR read back): ``stateN`` cosine 0.951 with NNCF's default scope, 0.9964 with only its
+spectrogram magnitude (Pow, Add, Sqrt) float.
+
+Not every INT8 cell loses its state (the bench's ``lstm-stateful``, an embedding into a 32-step LSTM: 0.9999 from
+the file), and which do was not pinned down, so :func:`choose_scope` measures: NNCF's scope and the float scope,
+each saved and read back, the float scope kept only when it is the more faithful.
+
+ONNX Runtime has no static INT8 recurrent kernel (``quantize_static`` leaves LSTM/GRU float): a recurrent
+model gets the compute-only candidates (NNCF with the float scope, ``ort-conv``), its LSTMs become ONNX Runtime's
+DynamicQuantizeLSTM and its GRU/RNN W/R int8 behind a DequantizeLinear
+(``edgeopt.passes.onnx_int8.quantize_recurrent``).
+"""
+
+from __future__ import annotations
+
+OPENVINO_CELLS = ("LSTMSequence", "GRUSequence", "RNNSequence", "LSTMCell", "GRUCell", "RNNCell")
+ONNX_CELLS = ("LSTM", "GRU", "RNN")
+OPENVINO_COMPUTE = ("Convolution", "GroupConvolution", "ConvolutionBackpropData", "GroupConvolutionBackpropData",
+                    "MatMul")
+OPENVINO_STRUCTURE = ("Parameter", "Constant", "Result", "Gather")  # Gather: an embedding's weights quantize
+SAMPLES = 16  # calibration samples the two scopes are compared on
+TOLERANCE = 0.001  # NNCF's scope is kept unless the float scope's worst-output cosine is higher by more
+ONNX_WEIGHT_INPUTS = (1, 2)  # W and R: [num_directions, gates * hidden, input or hidden]
+ONNX_WEIGHT_AXIS = 1  # their rows: one scale per gate and hidden unit
+
+
+def openvino_cells(ov_model) -> list[str]:
+    """Friendly names of the recurrent cells of ``ov_model`` (outside ``If`` bodies)."""
+    return [op.get_friendly_name() for op in ov_model.get_ops() if op.get_type_name() in OPENVINO_CELLS]
+
+
+def has_onnx_cells(onnx_model) -> bool:
+    """Whether ``onnx_model``'s main graph has a recurrent cell."""
+    return any(node.op_type in ONNX_CELLS for node in onnx_model.graph.node)
+
+
+def openvino_float_ops(ov_model) -> list[str]:
+    """In a model with recurrent cells, the friendly names of its cells and of every other op but the compute
+    ops (``OPENVINO_COMPUTE``): what NNCF's ignored scope keeps float. Empty for a model without cells."""
+    if not openvino_cells(ov_model):
+        return []
+    return [op.get_friendly_name() for op in ov_model.get_ops()
+            if op.get_type_name() not in OPENVINO_COMPUTE + OPENVINO_STRUCTURE]
+
+
+def choose_scope(ov_model, samples: list[dict], float_ops: list[str], quantize) -> tuple[object, list[str], str]:
+    """``quantize(model, extra_ignored)`` with NNCF's scope (``[]``) and with ``float_ops`` float; each model is
+    written to an IR and read back (the in-memory model reads better than the file, see above) and compared with
+    ``ov_model`` on ``samples`` by its worst output's cosine. Returns the model kept, the names it keeps float
+    and a note with both figures."""
+    import tempfile
+    from pathlib import Path
+
+    import openvino as ov
+
+    from edgeopt.data import SampleSet
+    from edgeopt.evaluate import all_outputs, compare_outputs
+    from edgeopt.judge import compiled_predictor
+
+    samples = samples[:SAMPLES]
+
+    def outputs(model):
+        return all_outputs(compiled_predictor(model), SampleSet(samples, None, "calibration"), []).values
+
+    reference = outputs(ov_model)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for index, extra in enumerate(([], float_ops)):
+            quantized = quantize(ov_model.clone(), extra)
+            path = Path(tmp) / f"scope{index}.xml"
+            ov.save_model(quantized, str(path))
+            read = ov.Core().read_model(str(path))
+            results.append((min(compare_outputs(o, r).cosine for o, r in zip(outputs(read), reference)),
+                            quantized, extra))
+    (nncf_cos, nncf_model, _), (float_cos, float_model, _) = results
+    kept_float = float_cos > nncf_cos + TOLERANCE
+    figures = (f"worst-output cosine of the IR read back on {len(samples)} calibration samples: NNCF's scope "
+               f"{nncf_cos:.4f}, recurrent cells and element-wise ops float {float_cos:.4f}")
+    if kept_float:
+        return float_model, float_ops, f"recurrent cells and {len(float_ops)} non-compute op(s) kept float ({figures})"
+    return nncf_model, [], f"recurrent cells quantized as NNCF does ({figures})"

@@ -1,0 +1,167 @@
+"""Recurrent models with their state in and out (LSTM, GRU) under the default INT8 recipe: every output, the
+state included, keeps its fidelity in the saved files read back, and INT8 shrinks them (``edgeopt.recurrent``)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+pytestmark = pytest.mark.slow
+
+
+class StreamingLSTM(nn.Module):
+    """Silero-shaped: a frame through a convolution, the state ``[h; c]`` stacked on axis 0, the probability and
+    the next state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frontend = nn.Conv1d(1, 64, 8, stride=8)
+        self.cell = nn.LSTM(64, 128)
+        self.head = nn.Linear(128, 1)
+
+    def forward(self, frame, state):
+        feats = torch.relu(self.frontend(frame.unsqueeze(1))).permute(2, 0, 1) * 3  # 4 steps
+        out, (h, c) = self.cell(feats, (state[0:1], state[1:2]))
+        return torch.sigmoid(self.head(out[-1])), torch.cat([h, c], 0)
+
+
+class StreamingGRU(nn.Module):
+    """Two GRU layers over a few frames, the state ``[2, 1, 128]`` in and out (PyTorch's GRU: linear before reset)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frontend = nn.Linear(32, 64)
+        self.cell = nn.GRU(64, 128, num_layers=2)
+        self.head = nn.Linear(128, 1)
+
+    def forward(self, frames, state):
+        out, state_n = self.cell(torch.relu(self.frontend(frames)), state)
+        return torch.sigmoid(self.head(out[-1])), state_n
+
+
+MODELS = {"lstm": (StreamingLSTM, (1, 32), (2, 1, 128)), "gru": (StreamingGRU, (4, 1, 32), (2, 1, 128))}
+
+
+def streamed(module, frame_shape, count: int, seed: int) -> dict[str, np.ndarray]:
+    """``count`` samples of a stream: each frame with the state the model reached there."""
+    rng = np.random.default_rng(seed)
+    state = torch.zeros(MODELS_STATE[type(module)])
+    frames, states = [], []
+    with torch.no_grad():
+        for _ in range(count):
+            frame = torch.from_numpy(rng.standard_normal(frame_shape).astype(np.float32))
+            frames.append(frame.numpy())
+            states.append(state.numpy())
+            state = module(frame, state)[1]
+    return {"frame": np.stack(frames), "state": np.stack(states)}
+
+
+MODELS_STATE = {cls: state for cls, _, state in MODELS.values()}
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def recurrent(request, tmp_path_factory) -> dict:
+    cls, frame_shape, state_shape = MODELS[request.param]
+    folder = tmp_path_factory.mktemp(request.param)
+    torch.manual_seed(0)
+    module = cls().eval()
+    path = folder / "model.onnx"
+    torch.onnx.export(module, (torch.zeros(frame_shape), torch.zeros(state_shape)), str(path), dynamo=False,
+                      opset_version=17, input_names=["frame", "state"], output_names=["prob", "stateN"])
+    calib, held = streamed(module, frame_shape, 48, 0), streamed(module, frame_shape, 24, 1)
+    np.savez(folder / "calib.npz", **calib)
+    np.savez(folder / "eval.npz", **held)
+    return {"name": request.param, "module": module, "model": path, "calib": folder / "calib.npz",
+            "eval": folder / "eval.npz", "held": held}
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def expected_states(recurrent: dict) -> np.ndarray:
+    held = recurrent["held"]
+    with torch.no_grad():
+        return np.stack([recurrent["module"](torch.from_numpy(f), torch.from_numpy(s))[1].numpy()
+                         for f, s in zip(held["frame"], held["state"])])
+
+
+def read_back_states(out, held: dict, formats=("openvino", "onnx")) -> dict[str, np.ndarray]:
+    """The state output of each saved artifact, read from disk, on the held-out samples."""
+    import onnxruntime as ort
+    import openvino as ov
+
+    samples = [{"frame": f, "state": s} for f, s in zip(held["frame"], held["state"])]
+    states = {}
+    if "openvino" in formats:
+        compiled = ov.Core().compile_model(ov.Core().read_model(str(out / "model.xml")), "CPU",
+                                           {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 1})
+        states["openvino"] = np.stack([compiled(x)[compiled.output("stateN")] for x in samples])
+    if "onnx" in formats:
+        session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+        states["onnx"] = np.stack([session.run(["stateN"], x)[0] for x in samples])
+    return states
+
+
+def test_int8_keeps_the_state_and_shrinks_the_recurrent_weights(tmp_path, recurrent, cli):
+    out = tmp_path / "out"
+    result = cli("compress", recurrent["model"], "--calib", recurrent["calib"], "--eval", recurrent["eval"],
+                 "--out", out)
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    expected = expected_states(recurrent)
+    for fmt, states in read_back_states(out, recurrent["held"]).items():
+        assert cosine(states, expected) > 0.99, fmt
+        assert report["quality"]["artifacts"][fmt]["outputs"]["stateN"]["cosine"] > 0.99
+    # ONNX: the LSTM as ONNX Runtime's DynamicQuantizeLSTM, the GRU's W/R int8 behind DequantizeLinear
+    import onnx
+
+    ops = {node.op_type for node in onnx.load(str(out / "model.onnx")).graph.node}
+    assert ("DynamicQuantizeLSTM" in ops) if recurrent["name"] == "lstm" else ({"GRU", "DequantizeLinear"} <= ops)
+    onnx_size = report["vs_fp32"]["onnx"]
+    assert onnx_size["size_ratio"] < 0.4 and not onnx_size["larger"]
+    ir_size = report["vs_fp32"]["openvino"]
+    assert ir_size["larger"] == (ir_size["bytes"] > ir_size["fp32_bytes"])
+    notes = " ".join(report["notes"])
+    assert "recurrent cells" in notes
+    if recurrent["name"] == "lstm":  # NNCF's INT8 LSTMSequence measured worse read back: the float scope is kept
+        assert "recurrent cells and" in notes and "kept float" in notes
+
+
+def test_openvino_int8_recurrent_cell_loses_the_state_read_back(tmp_path, recurrent, cli):
+    """Why the cell stays float: NNCF's INT8 LSTMSequence, saved and read back, loses the state on OpenVINO's
+    CPU plugin (the gate, which reads the artifact from disk, refuses it)."""
+    if recurrent["name"] != "lstm":
+        pytest.skip("NNCF leaves PyTorch's GRU (linear_before_reset) float itself")
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text('[[step]]\nname = "int8"\nrecurrent_float = false\n')
+    out = tmp_path / "out"
+    result = cli("compress", recurrent["model"], "--calib", recurrent["calib"], "--eval", recurrent["eval"],
+                 "--out", out, "--format", "openvino", "--recipe", recipe)
+    assert result.exit_code == 3, result.output
+    states = read_back_states(out, recurrent["held"], formats=("openvino",))["openvino"]
+    assert cosine(states, expected_states(recurrent)) < 0.9
+
+
+def test_weights_only_int8_onnx_loads_in_onnx_runtime_and_shrinks_the_cell(tmp_path, recurrent, cli):
+    """``weights`` int8_asym to ONNX: NNCF's Conv weight scales per (output, input) channel, which ONNX Runtime
+    refuses, are stored per output channel; the recurrent W/R, which NNCF leaves float, become int8."""
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text('[[step]]\nname = "weights"\nmode = "int8_asym"\n')
+    out = tmp_path / "out"
+    result = cli("compress", recurrent["model"], "--calib", recurrent["calib"], "--eval", recurrent["eval"],
+                 "--out", out, "--format", "onnx", "--recipe", recipe)
+    assert result.exit_code == 0, result.output
+    states = read_back_states(out, recurrent["held"], formats=("onnx",))["onnx"]
+    assert cosine(states, expected_states(recurrent)) > 0.99
+    report = json.loads((out / "report.json").read_text())
+    assert report["vs_fp32"]["onnx"]["size_ratio"] < 0.4
+    notes = " ".join(report["notes"])
+    assert "recurrent weight(s)" in notes
+    if recurrent["name"] == "lstm":  # its Conv frontend
+        assert "stored per output channel" in notes
