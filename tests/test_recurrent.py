@@ -133,19 +133,20 @@ def test_int8_keeps_the_state_and_shrinks_the_recurrent_weights(tmp_path, recurr
         assert "recurrent cells and" in notes and "kept float" in notes
 
 
-def test_openvino_int8_recurrent_cell_loses_the_state_read_back(tmp_path, recurrent, cli):
-    """Why the cell stays float: NNCF's INT8 LSTMSequence, saved and read back, loses the state on OpenVINO's
-    CPU plugin (the gate, which reads the artifact from disk, refuses it)."""
-    if recurrent["name"] != "lstm":
-        pytest.skip("NNCF leaves PyTorch's GRU (linear_before_reset) float itself")
+def test_openvino_int8_recurrent_cell_without_the_float_scope_read_back(tmp_path, recurrent, cli):
+    """Why the cell stays float: with ``recurrent_float = false`` NNCF's INT8 LSTMSequence, saved and read back,
+    loses the state on OpenVINO's CPU plugin (the gate, which reads the artifact from disk, refuses it); PyTorch's
+    GRU (linear_before_reset) NNCF leaves float itself, so its state survives either way."""
     recipe = tmp_path / "recipe.toml"
     recipe.write_text('[[step]]\nname = "int8"\nrecurrent_float = false\n')
     out = tmp_path / "out"
     result = cli("compress", recurrent["model"], "--calib", recurrent["calib"], "--eval", recurrent["eval"],
                  "--out", out, "--format", "openvino", "--recipe", recipe)
-    assert result.exit_code == 3, result.output
+    lstm = recurrent["name"] == "lstm"
+    assert result.exit_code == (3 if lstm else 0), result.output
     states = read_back_states(out, recurrent["held"], formats=("openvino",))["openvino"]
-    assert cosine(states, expected_states(recurrent)) < 0.9
+    similarity = cosine(states, expected_states(recurrent))
+    assert similarity < 0.9 if lstm else similarity > 0.99
 
 
 def test_weights_only_int8_onnx_loads_in_onnx_runtime_and_shrinks_the_cell(tmp_path, recurrent, cli):
