@@ -10,17 +10,24 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
+from ort_support import optimized_ops
 from torch import nn
 
 from edgeopt.data import SampleSet
 from edgeopt.model_type import detect_model_type
 from edgeopt.onnx_prep import normalise
-from edgeopt.passes.onnx_int8 import (BACKENDS, HYBRID_BACKEND, HYBRID_CONV_SHARE, TRANSFORMER_BACKENDS,
-                                      conv_weight_share, default_backends, quantize_onnx)
+from edgeopt.passes.onnx_int8 import (
+    BACKENDS,
+    HYBRID_BACKEND,
+    HYBRID_CONV_SHARE,
+    TRANSFORMER_BACKENDS,
+    conv_weight_share,
+    default_backends,
+    quantize_onnx,
+)
 
 SHAPE = (1, 3, 32, 64)
 
@@ -76,15 +83,6 @@ def _weight_matmuls(graph) -> list:
     return [n for n in graph.node if n.op_type in ("MatMul", "Gemm") and n.input[1] in initializers]
 
 
-def _optimized_ops(model, tmp_path) -> list[str]:
-    """The op types of ``model`` after ONNX Runtime's graph optimisations (what actually runs)."""
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return [node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node]
-
-
 def test_a_conv_backbone_with_attention_gets_the_hybrid_candidate(recogniser):
     prepared = normalise(recogniser[0]).model
     assert detect_model_type(onnx_model=prepared).is_transformer  # MatMul-Softmax-MatMul: a transformer ...
@@ -135,7 +133,7 @@ def test_hybrid_quantizes_convs_statically_and_matmuls_dynamically(recogniser, t
     for node in integer:  # ... with its activation quantized on each call, its weight int8
         assert producer[node.input[0]].op_type == "DynamicQuantizeLinear"
         assert initializers[node.input[1]].data_type == TensorProto.INT8
-    ops = _optimized_ops(hybrid.model, tmp_path)  # what ONNX Runtime runs: every Conv and MatMul fused
+    ops = optimized_ops(hybrid.model, tmp_path)  # what ONNX Runtime runs: every Conv and MatMul fused
     assert ops.count("QLinearConv") == 5 and "Conv" not in ops
     assert ops.count("DynamicQuantizeMatMul") == 5
     assert hybrid.bytes < built["ort-dynamic"].bytes  # the Conv weights are int8 too

@@ -13,11 +13,12 @@ import onnxruntime as ort
 import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
+from ort_support import optimized_ops
 from torch import nn
 
 from edgeopt.data import SampleSet
-from edgeopt.onnx_prep import normalise
 from edgeopt.model_type import ffn_down_projections
+from edgeopt.onnx_prep import normalise
 from edgeopt.passes.onnx_int8 import gemm_as_matmul, quantize_onnx, unfused_share
 
 LENGTH, VOCAB = 16, 200
@@ -112,15 +113,6 @@ def test_ffn_down_projections_are_found(encoder):
         assert seen & {"Erf", "Gelu"}
 
 
-def _optimized_ops(model, tmp_path) -> list[str]:
-    """The op types of ``model`` after ONNX Runtime's graph optimisations (what actually runs)."""
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return [node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node]
-
-
 def test_transformer_onnx_int8_is_dynamic_fused_and_faithful(encoder, tmp_path):
     model, calib, held = encoder
     result = quantize_onnx(model, SampleSet(calib, None, "test"), subset_size=32, nncf_options={}, transformer=True,
@@ -145,7 +137,7 @@ def test_transformer_onnx_int8_is_dynamic_fused_and_faithful(encoder, tmp_path):
     gather = next(n for n in graph.node if n.op_type == "Gather" and n.output[0] in
                   {i for c in graph.node if c.op_type == "DequantizeLinear" for i in c.input})
     assert initializers[gather.input[0]].data_type in (TensorProto.INT8, TensorProto.UINT8)  # the 8-bit token table
-    ran = _optimized_ops(result.model, tmp_path)
+    ran = optimized_ops(result.model, tmp_path)
     # ONNX Runtime fuses the runtime quantization and dequantization with each integer MatMul (q, k, v, o, up in
     # each of the 2 layers): none left as MatMulInteger
     fused = ran.count("DynamicQuantizeMatMul") + ran.count("MatMulIntegerToFloat")
