@@ -73,6 +73,7 @@ TRANSFORMER_BACKENDS = ("nncf", "ort-dynamic")  # built by default for a transfo
 HYBRID_BACKEND = "ort-hybrid"  # added for a transformer whose Conv weights are a substantial share
 HYBRID_CONV_SHARE = 0.25  # share of the constant Conv/Gemm/MatMul weights in Conv/ConvTranspose that makes a hybrid
 RECURRENT_BACKENDS = ("nncf", "ort-conv")  # for a model with recurrent cells: the compute ops quantized only
+ORDER = BACKENDS + TRANSFORMER_BACKENDS[1:] + (HYBRID_BACKEND,)  # the rule's last tie-break
 COMPUTE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")  # what "ort-conv" quantizes (and their Relu/Clip)
 CONV_OPS = ("Conv", "ConvTranspose")  # what "ort-hybrid" quantizes statically (and their Relu/Clip)
 RACE_MAX_ROUNDS, RACE_MAX_S = 16, 15.0  # the speed race stays cheap: it runs on every compress
@@ -133,7 +134,7 @@ class OnnxInt8:
                 "rule": (f"fusable (unfused share <= {MAX_UNFUSED}; all if none is), fidelity within "
                          f"{FIDELITY_TOLERANCE} of the best contend; the rule picks {ANCHOR} (quantize_static's "
                          "recipe) when it contends, else the best fidelity (to 4 decimals), then fewest unfused "
-                         "ops, then the order nncf, ort, ort-conv; a contender replaces that pick only when measurably "
+                         f"ops, then the order {', '.join(ORDER)}; a contender replaces that pick only when measurably "
                          f"faster: its whole {COVERAGE:.0%} interval on p50 over the pick's below 1.0 and its median "
                          f"below {1 - MATERIAL:g} (race: until each contender is slower or within {MATERIAL:g} "
                          f"of the pick, at most {RACE_MAX_ROUNDS} rounds / {RACE_MAX_S:g} s)"),
@@ -239,8 +240,7 @@ def choose(built: list[Built]) -> Built:
 
 
 def _order(backend: str) -> int:
-    order = BACKENDS + TRANSFORMER_BACKENDS[1:] + (HYBRID_BACKEND,)
-    return order.index(backend) if backend in order else len(order)
+    return ORDER.index(backend) if backend in ORDER else len(ORDER)
 
 
 def faster(vs_rule: tuple[float, float, float]) -> bool:
@@ -473,8 +473,8 @@ def quantize_weights(model, names: list[str], *, recurrent: bool = False) -> int
     if not done:
         return 0
     copies = [type(node)() for node in nodes]
-    for copy, node in zip(copies, nodes):
-        copy.CopyFrom(node)
+    for duplicate, node in zip(copies, nodes):
+        duplicate.CopyFrom(node)
     del graph.node[:]
     graph.node.extend(copies)
     users = {name for node in graph.node for name in node.input}
