@@ -457,11 +457,7 @@ def quantize_weights(model, names: list[str], *, recurrent: bool = False) -> int
                 transposed = node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute)
                 axis = (ONNX_WEIGHT_AXIS if node.op_type in ONNX_CELLS  # the output channels
                         else 0 if transposed else weight.ndim - 1)
-                reduce = tuple(i for i in range(weight.ndim) if i != axis)
-                scale = np.maximum(np.abs(weight).max(axis=reduce), 1e-12).astype(np.float32) / 127.0
-                shape = [1] * weight.ndim
-                shape[axis] = -1
-                quantized = np.clip(np.rint(weight / scale.reshape(shape)), -127, 127).astype(np.int8)
+                quantized, scale = symmetric_int8(weight, axis)
                 stem = f"{weight_name}_int8"
                 graph.initializer.extend([numpy_helper.from_array(quantized, stem),
                                           numpy_helper.from_array(scale, f"{stem}_scale"),
@@ -484,6 +480,16 @@ def quantize_weights(model, names: list[str], *, recurrent: bool = False) -> int
     return len(done)
 
 
+def symmetric_int8(weight: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """``weight`` as symmetric int8 with one float32 scale per index of ``axis`` (max |w| / 127): (values,
+    scales)."""
+    reduce = tuple(i for i in range(weight.ndim) if i != axis)
+    scale = np.maximum(np.abs(weight).max(axis=reduce), 1e-12).astype(np.float32) / 127.0
+    shape = [1] * weight.ndim
+    shape[axis] = -1
+    return np.clip(np.rint(weight / scale.reshape(shape)), -127, 127).astype(np.int8), scale
+
+
 def compute_nodes(model, ops: tuple[str, ...] = COMPUTE_OPS) -> list[str]:
     """Names of the ``ops`` nodes of ``model`` and of the Relu/Clip each feeds alone (which ONNX Runtime folds into
     the fused op); unnamed nodes get a name first."""
@@ -504,7 +510,6 @@ def compute_nodes(model, ops: tuple[str, ...] = COMPUTE_OPS) -> list[str]:
 
 def _ort(model, calibration: SampleSet, subset_size: int, ignored: list[str], ops: tuple[str, ...] | None = None):
     """quantize_static (:func:`ort_options`); ``ops``: only those nodes (:func:`compute_nodes`) quantized."""
-    import onnx
     from onnxruntime.quantization import CalibrationDataReader, quantize_static
 
     samples = calibration.samples[:subset_size]
@@ -520,12 +525,19 @@ def _ort(model, calibration: SampleSet, subset_size: int, ignored: list[str], op
     if ops is not None:
         model = copy.deepcopy(model)  # named nodes: quantize_static selects by name
         compute = compute_nodes(model, ops)
+    return _through_files(model, lambda src, dst: quantize_static(
+        src, dst, Reader(), calibration_providers=["CPUExecutionProvider"], **ort_options(ignored, compute)))
+
+
+def _through_files(model, quantize):
+    """``quantize(src, dst)`` (ONNX Runtime's quantizers read and write files) on ``model``, in a temporary
+    folder (their calibrator's augmented model lands beside ``src``); the quantized model."""
+    import onnx
+
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
         onnx.save(model, str(src))
-        # ORT's calibrator writes augmented models next to the working directory unless told otherwise.
-        quantize_static(str(src), str(dst), Reader(), calibration_providers=["CPUExecutionProvider"],
-                        **ort_options(ignored, compute))
+        quantize(str(src), str(dst))
         return onnx.load(str(dst))
 
 
@@ -536,15 +548,11 @@ def quantize_recurrent(model):
     Measured on the bench's lstm-stateful (32-step LSTM, ONNX Runtime 1.32, 2 threads, 15 interleaved rounds):
     W/R behind DequantizeLinear 0.56x FP32's size at 0.98-1.17x its p50, DynamicQuantizeLSTM 0.55x at 0.72x,
     every output's cosine 0.9999."""
-    import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     if any(node.op_type == "LSTM" for node in model.graph.node):
-        with tempfile.TemporaryDirectory() as tmp:
-            src, dst = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
-            onnx.save(model, str(src))
-            quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, op_types_to_quantize=["LSTM"])
-            model = onnx.load(str(dst))
+        model = _through_files(model, lambda src, dst: quantize_dynamic(
+            src, dst, weight_type=QuantType.QInt8, op_types_to_quantize=["LSTM"]))
     quantize_weights(model, [], recurrent=True)
     return model
 
@@ -554,15 +562,11 @@ def _ort_dynamic(model, ignored: list[str]):
     per channel, activations quantized on each call with their own range (MatMulInteger, which ONNX Runtime
     fuses with the runtime quantization into DynamicQuantizeMatMul), embedding tables int8; nothing to
     calibrate. Its registry has no Gemm, so Gemms with a constant weight are written as MatMul + Add first."""
-    import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    with tempfile.TemporaryDirectory() as tmp:
-        src, dst = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
-        onnx.save(gemm_as_matmul(model), str(src))
-        quantize_dynamic(str(src), str(dst), per_channel=True, weight_type=QuantType.QInt8,
-                         op_types_to_quantize=["MatMul", "Gather"], nodes_to_exclude=list(ignored))
-        return onnx.load(str(dst))
+    return _through_files(gemm_as_matmul(model), lambda src, dst: quantize_dynamic(
+        src, dst, per_channel=True, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gather"],
+        nodes_to_exclude=list(ignored)))
 
 
 def _ort_hybrid(model, calibration: SampleSet, subset_size: int, ignored: list[str]):

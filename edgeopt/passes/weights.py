@@ -178,6 +178,8 @@ def per_axis_scales(model) -> list[str]:
     import numpy as np
     from onnx import helper, numpy_helper
 
+    from edgeopt.passes.onnx_int8 import symmetric_int8
+
     inits = {init.name: init for init in model.graph.initializer}
     redone = []
     for node in model.graph.node:
@@ -197,17 +199,17 @@ def per_axis_scales(model) -> list[str]:
                                 f"'{node.input[0]}' of shape {list(stored.shape)}, which ONNX Runtime cannot "
                                 "load (use --format openvino)")
         weight = (stored.astype(np.float32) - zero) * scale
-        reduce = tuple(i for i in range(weight.ndim) if i != axis)
         if stored.dtype == np.uint8:  # asymmetric
+            reduce = tuple(i for i in range(weight.ndim) if i != axis)
             low, high = np.minimum(weight.min(axis=reduce), 0), np.maximum(weight.max(axis=reduce), 0)
             step = np.maximum(high - low, 1e-12) / 255
             point = np.clip(np.rint(-low / step), 0, 255)
+            shape = [1] * weight.ndim
+            shape[axis] = -1
+            values = np.clip(np.rint(weight / step.reshape(shape)) + point.reshape(shape), 0, 255)
         else:
-            step, point = np.maximum(np.abs(weight).max(axis=reduce), 1e-12) / 127, np.zeros(weight.shape[axis])
-        shape = [1] * weight.ndim
-        shape[axis] = -1
-        limits = (0, 255) if stored.dtype == np.uint8 else (-127, 127)
-        values = np.clip(np.rint(weight / step.reshape(shape)) + point.reshape(shape), *limits)
+            values, step = symmetric_int8(weight, axis)
+            point = np.zeros(weight.shape[axis])
         for name, array in ((node.input[0], values.astype(stored.dtype)), (node.input[1], step.astype(np.float32)),
                             *(((node.input[2], point.astype(stored.dtype)),) if len(node.input) > 2 else ())):
             inits[name].CopyFrom(numpy_helper.from_array(array, name))
