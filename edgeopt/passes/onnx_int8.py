@@ -15,19 +15,20 @@ asks NNCF for per-tensor activations and stores them unsigned, and all 52 fuse (
 The choice (:func:`contenders`, :func:`choose`, :func:`race`, :func:`pick`): the candidates ONNX Runtime can fuse
 whose fidelity (worst output's cosine to FP32) is within ``FIDELITY_TOLERANCE`` of the best contend; they count
 as equally faithful, and the fastest of them should win ("pick the fastest that passes the gate"). A
-deterministic rule names the default: ``ANCHOR`` (quantize_static's recipe: what a user of ONNX Runtime gets
-without edgeopt) when it contends, else the best fidelity, then fewest unfused ops, then ``BACKENDS`` order.
+deterministic rule names the default: the first of ``PREFERRED`` that contends (``ort-hybrid``, which runs the
+dynamic recipe's MatMuls and fuses the Convs as well; then ``ANCHOR``, quantize_static's recipe: what a user of
+ONNX Runtime gets without edgeopt), else the best fidelity, then fewest unfused ops, then ``ORDER``.
 FP32 and every candidate are then timed in ONNX Runtime in interleaved rounds (2 threads, ``edgeopt.vs_fp32``'s
-machinery, bounded rounds and seconds) and a contender replaces the default only when it is measurably faster:
-its whole interval on p50 over the default's below 1.0 and its median more than ``MATERIAL`` below it. So
-edgeopt never ships something measurably slower than quantize_static's recipe when that recipe is within the
-tolerance, and departs from it only for a measured reason: fidelity beyond the tolerance, or speed. Timing on a
-shared host is noisy; a race that does not decide (or finds the difference within ``MATERIAL``) leaves the
-default, so the same inputs give the same artifact unless another candidate is measurably faster, and the
-report records each candidate's size, p50 (with interval), fidelity and why the winner won. Measured on
-PP-OCRv4 det (quiet host, 2 threads): the former fidelity-first rule kept ``ort-conv`` (cosine 0.978, ORT p50
-0.85x FP32) where quantize_static's output ran 0.79x (cosine 0.970); its 0.95 bound on the race never flipped
-that 7% difference.
+machinery, bounded rounds and seconds) and a contender replaces the default only when it is decisively faster:
+its whole interval on p50 over the default's below ``1 - DECISIVE``. Smaller differences are ties the rule
+decides, because firmware pipelines need the same artifact from the same inputs: at a 2% margin, a tiny CNN's
+equal candidates flipped once under CI load (ort-conv and quantize_static's graphs differ by a MaxPool), where a
+10% difference held by the whole interval is not noise on this host. So edgeopt departs from quantize_static's
+recipe only for a measured reason (fidelity beyond the tolerance, or decisive speed), a speed choice says so in
+the report (``chosen_by: speed``; ``onnx_backend`` pins it for a reproducible build), and the report records each
+candidate's size, p50 (with interval), fidelity and why the winner won. Measured on PP-OCRv4 det (quiet host, 2
+threads): the former fidelity-first rule kept ``ort-conv`` (cosine 0.978, ORT p50 0.85x FP32) where
+quantize_static's output ran 0.79x (cosine 0.970).
 
 Transformers get ONNX Runtime's dynamic quantization instead of its static QDQ (:func:`_ort_dynamic`; ONNX
 Runtime's documentation recommends it for transformers on CPU): weights int8 per channel, each MatMul's input
@@ -66,12 +67,13 @@ from edgeopt.vs_fp32 import (BLOCK_S, COVERAGE, THREADS, Rounds, interleaved_rou
 FIDELITY_TOLERANCE = 0.01  # a candidate this close to the best cosine contends: a measured speed gain wins
 MAX_UNFUSED = 0.1  # a graph with more than 10% of its quantized Conv/Gemm/MatMul unfusable runs them in float
 CHOICE_SAMPLES = 16  # calibration samples used to compare the backends' fidelity
-MATERIAL = 0.02  # a speed difference smaller than this is a tie: the rule decides (same inputs, same artifact)
+DECISIVE = 0.10  # a contender replaces the rule's pick only when its whole interval is this much faster
 BACKENDS = ("nncf", "ort", "ort-conv")  # built by default, in the rule's order
 ANCHOR = "ort"  # quantize_static's recipe: the rule's default whenever it contends
 TRANSFORMER_BACKENDS = ("nncf", "ort-dynamic")  # built by default for a transformer
 HYBRID_BACKEND = "ort-hybrid"  # added for a transformer whose Conv weights are a substantial share
 HYBRID_CONV_SHARE = 0.25  # share of the constant Conv/Gemm/MatMul weights in Conv/ConvTranspose that makes a hybrid
+PREFERRED = (HYBRID_BACKEND, ANCHOR)  # the rule's default: the first of these that contends
 RECURRENT_BACKENDS = ("nncf", "ort-conv")  # for a model with recurrent cells: the compute ops quantized only
 ORDER = BACKENDS + TRANSFORMER_BACKENDS[1:] + (HYBRID_BACKEND,)  # the rule's last tie-break
 COMPUTE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")  # what "ort-conv" quantizes (and their Relu/Clip)
@@ -132,12 +134,12 @@ class OnnxInt8:
                                   f"fidelity: worst output's mean cosine to FP32 over those {CHOICE_SAMPLES} "
                                   "samples"),
                 "rule": (f"fusable (unfused share <= {MAX_UNFUSED}; all if none is), fidelity within "
-                         f"{FIDELITY_TOLERANCE} of the best contend; the rule picks {ANCHOR} (quantize_static's "
-                         "recipe) when it contends, else the best fidelity (to 4 decimals), then fewest unfused "
-                         f"ops, then the order {', '.join(ORDER)}; a contender replaces that pick only when measurably "
-                         f"faster: its whole {COVERAGE:.0%} interval on p50 over the pick's below 1.0 and its median "
-                         f"below {1 - MATERIAL:g} (race: until each contender is slower or within {MATERIAL:g} "
-                         f"of the pick, at most {RACE_MAX_ROUNDS} rounds / {RACE_MAX_S:g} s)"),
+                         f"{FIDELITY_TOLERANCE} of the best contend; the rule picks the first of "
+                         f"{', '.join(PREFERRED)} that contends ({ANCHOR}: quantize_static's recipe), else the best "
+                         f"fidelity (to 4 decimals), then fewest unfused ops, then the order {', '.join(ORDER)}; a "
+                         "contender replaces that pick only when decisively faster: its whole "
+                         f"{COVERAGE:.0%} interval on p50 over the pick's below {1 - DECISIVE:g} (race: until no "
+                         f"contender can be, at most {RACE_MAX_ROUNDS} rounds / {RACE_MAX_S:g} s)"),
                 "candidates": [c.describe() for c in self.candidates]}
 
 
@@ -230,13 +232,17 @@ def contenders(built: list[Built]) -> list[Built]:
 
 
 def choose(built: list[Built]) -> Built:
-    """The deterministic rule: ``ANCHOR`` (quantize_static's recipe) when it contends, so that edgeopt's default
-    is never slower than what a user gets from ONNX Runtime's own quantizer; else the best fidelity (cosine to 4
-    decimals), then fewest unfused ops, then ``BACKENDS`` order. Not size: every candidate stores int8 weights,
-    their files differ by a few percent. The other contenders win by measured speed (:func:`pick`)."""
+    """The deterministic rule: the first of ``PREFERRED`` that contends (``ort-hybrid``: the dynamic recipe with
+    the Convs fused too; ``ANCHOR``: quantize_static's recipe, so that edgeopt's default is what a user gets from
+    ONNX Runtime's own quantizer); else the best fidelity (cosine to 4 decimals), then fewest unfused ops, then
+    ``ORDER``. Not size: every candidate stores int8 weights, their files differ by a few percent. The other
+    contenders win only by decisive measured speed (:func:`pick`)."""
     pool = contenders(built)
-    anchor = [b for b in pool if b.backend == ANCHOR]
-    return anchor[0] if anchor else min(pool, key=lambda b: (-round(b.cosine, 4), b.unfused, _order(b.backend)))
+    for preferred in PREFERRED:
+        for b in pool:
+            if b.backend == preferred:
+                return b
+    return min(pool, key=lambda b: (-round(b.cosine, 4), b.unfused, _order(b.backend)))
 
 
 def _order(backend: str) -> int:
@@ -244,38 +250,38 @@ def _order(backend: str) -> int:
 
 
 def faster(vs_rule: tuple[float, float, float]) -> bool:
-    """Measurably faster than the rule's pick: the whole interval on p50 over the pick's below 1.0, the median
-    more than ``MATERIAL`` below it (a smaller difference is a tie, which the rule decides)."""
-    ratio, _, high = vs_rule
-    return high < 1.0 and ratio < 1.0 - MATERIAL
+    """Decisively faster than the rule's pick: the whole interval on p50 over the pick's below ``1 - DECISIVE``
+    (a smaller difference is a tie, which the rule decides: same inputs, same artifact)."""
+    return vs_rule[2] < 1.0 - DECISIVE
 
 
 def settled(interval: tuple[float, float]) -> bool:
-    """The race can stop early for a contender whose interval on p50 over the rule's pick is this: measurably
-    slower (wholly above 1.0) or a tie (within ``MATERIAL`` of 1.0) — verdicts that keep the rule's pick. One
-    that looks faster is raced to the bound: stopping at the first round whose interval clears 1.0 would
+    """The race can stop early for a contender whose interval on p50 over the rule's pick is this: it can no
+    longer be decisively faster (its interval's low end above ``1 - DECISIVE``), the verdict that keeps the rule's
+    pick. One that may be is raced to the bound: stopping at the first round whose interval clears the line would
     inflate the chance of a false "faster" (and of a different artifact from the same inputs)."""
-    low, high = interval
-    return low > 1.0 or (low >= 1.0 - MATERIAL and high <= 1.0 + MATERIAL)
+    return interval[0] > 1.0 - DECISIVE
 
 
 def pick(built: list[Built], rule: Built) -> tuple[Built, str]:
-    """The fastest (by median) contender measurably faster than the rule's pick (:func:`faster`), else the rule's
+    """The fastest (by median) contender decisively faster than the rule's pick (:func:`faster`), else the rule's
     pick: (chosen, why, in words)."""
     others = [b for b in built if b.contender and b is not rule and b.vs_rule is not None]
     quicker = [b for b in others if faster(b.vs_rule)]
     if quicker:
         best = min(quicker, key=lambda b: b.vs_rule[0])
         ratio, low, high = best.vs_rule
-        return best, (f"measurably faster: p50 {ratio:.2f}x of {rule.backend}'s ({COVERAGE:.0%} interval "
-                      f"{low:.2f}-{high:.2f}x, below 1.0), fidelity within {FIDELITY_TOLERANCE} of the best")
+        return best, (f"decisively faster: p50 {ratio:.2f}x of {rule.backend}'s ({COVERAGE:.0%} interval "
+                      f"{low:.2f}-{high:.2f}x, below {1 - DECISIVE:g}), fidelity within {FIDELITY_TOLERANCE} of the "
+                      f"best (a choice by speed on this host: onnx_backend = \"{best.backend}\" pins it)")
     alone = ("the only usable candidate" if len(built) == 1 else
              "the only contender (the others are not fusable or not within the fidelity tolerance)")
     default = (f"{ANCHOR} (quantize_static's recipe) contends" if rule.backend == ANCHOR else
+               f"{rule.backend} (Convs static, MatMuls dynamic) contends" if rule.backend == HYBRID_BACKEND else
                "fusable, best fidelity, then fewest unfused ops, backend order")
     why = (alone if not others else
-           f"by the deterministic rule ({default}); no other contender measurably faster ({COVERAGE:.0%} interval "
-           f"on p50 over the pick's wholly below 1.0, median below {1 - MATERIAL:g}): "
+           f"by the deterministic rule ({default}); no other contender decisively faster ({COVERAGE:.0%} interval "
+           f"on p50 over the pick's wholly below {1 - DECISIVE:g}): "
            + ", ".join(f"{b.backend} {b.vs_rule[0]:.2f}x ({b.vs_rule[1]:.2f}-{b.vs_rule[2]:.2f}x)" for b in others))
     return rule, why
 
