@@ -3,7 +3,9 @@
 Models exported by other toolkits (Paddle2ONNX, old torch exporters) often keep their weights as ``Constant``
 nodes, use opsets below 13 (where per-channel ``QuantizeLinear`` does not exist) and carry no shapes. A
 quantizer sees no weights in such a graph, falls back to per-tensor scales, or cannot place QDQ pairs that
-ONNX Runtime fuses. :func:`normalise` fixes all of that and says what it did.
+ONNX Runtime fuses. :func:`normalise` fixes all of that and says what it did, and simplifies the element-wise
+chains ONNX Runtime's optimiser leaves between Convs (each one more QuantizeLinear/DequantizeLinear pair or
+QLinear op once quantized).
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ def normalise(model, *, optimise: bool = True, feeds: dict | None = None) -> Nor
     """Constant-node weights to initializers, opset ≥ 13, shapes inferred, average pools that cover their whole
     input as global pools (:func:`global_pools`; ``feeds``, one input sample, measures shapes that inference
     leaves unknown), graph folded by ONNX Runtime's basic optimiser (constant folding, Conv+BatchNorm and
-    similar fusions that keep the graph portable)."""
+    similar fusions that keep the graph portable), then the element-wise chains it leaves simplified: a Conv's
+    constant scale and shift folded into it (:func:`fold_conv_affine`), hard-swishes in two ops instead of four
+    (:func:`hard_swishes`). Every rewrite computes the same values."""
     import onnx
 
     copied = onnx.ModelProto()
@@ -75,6 +79,12 @@ def normalise(model, *, optimise: bool = True, feeds: dict | None = None) -> Nor
         model = optimised
         if fused:
             result.steps.append(fused)
+    folded = fold_conv_affine(model)
+    if folded:
+        result.steps.append(f"{folded} constant Mul/Add after a Conv folded into its weights and bias")
+    swishes = hard_swishes(model)
+    if swishes:
+        result.steps.append(f"{swishes} hard-swish(es) written as x * HardSigmoid(x)")
     result.model = model
     return result
 
@@ -304,3 +314,169 @@ def pin_inputs(model, values: dict[str, np.ndarray], shapes: dict[str, list[int]
             dim.dim_value = size
     pinned, _, error = _ort_basic_optimise(pinned)
     return None if error else pinned
+
+
+def _readers(graph) -> dict[str, list]:
+    readers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    return readers
+
+
+def _constant(inits: dict, name: str) -> np.ndarray | None:
+    from onnx import numpy_helper
+
+    init = inits.get(name)
+    if init is None:
+        return None
+    value = numpy_helper.to_array(init)
+    return value if value.dtype == np.float32 else None
+
+
+def _sole_reader(readers: dict, outputs: set, tensor: str):
+    users = readers.get(tensor, [])
+    return users[0] if len(users) == 1 and tensor not in outputs else None
+
+
+def _other_input(node, inits: dict, tensor: str) -> np.ndarray | None:
+    """The constant ``node`` (a binary op) combines ``tensor`` with, or None when its other input is computed."""
+    others = [name for name in node.input if name != tensor]
+    return _constant(inits, others[0]) if len(others) == 1 and len(node.input) == 2 else None
+
+
+def fold_conv_affine(model) -> int:
+    """Fold each constant per-channel scale (Mul) and shift (Add) that a Conv's output alone feeds into the Conv's
+    weights and bias (``y = a * conv(x) + b``: weights times ``a``, bias ``a * bias + b``); the same values.
+    PP-LCNetV3's learnable affine blocks (PP-OCRv4) are such pairs after every Conv; ONNX Runtime's basic
+    optimiser leaves them (scalar constants), and a quantized graph then runs each as a QLinearMul/QLinearAdd or
+    a float op between QDQ pairs. Returns how many Mul/Add were folded."""
+    from onnx import numpy_helper
+
+    graph = model.graph
+    inits = {init.name: init for init in graph.initializer}
+    outputs = {o.name for o in graph.output}
+    readers = _readers(graph)
+    removed, folded = set(), 0
+    for conv in graph.node:
+        weight = _constant(inits, conv.input[1]) if conv.op_type == "Conv" and len(conv.input) > 1 else None
+        if weight is None or conv.domain not in ("", "ai.onnx"):
+            continue
+        channels = weight.shape[0]
+        bias = _constant(inits, conv.input[2]) if len(conv.input) > 2 and conv.input[2] else np.zeros(channels, np.float32)
+        if bias is None:
+            continue
+        scale, shift, tail = np.ones(channels, np.float32), np.zeros(channels, np.float32), conv
+        while True:
+            user = _sole_reader(readers, outputs, tail.output[0])
+            if user is None or user.op_type not in ("Mul", "Add") or user.domain not in ("", "ai.onnx"):
+                break
+            value = _other_input(user, inits, tail.output[0])
+            per_channel = None if value is None else _per_channel(value, channels, weight.ndim)
+            if per_channel is None:
+                break
+            if user.op_type == "Mul":
+                scale, shift = scale * per_channel, shift * per_channel
+            else:
+                shift = shift + per_channel
+            removed.add(id(user))
+            tail = user
+            folded += 1
+        if tail is conv:
+            continue
+        stem = f"{conv.output[0]}_affine"
+        graph.initializer.extend([
+            numpy_helper.from_array((weight * scale.reshape(-1, *[1] * (weight.ndim - 1))).astype(np.float32),
+                                    f"{stem}_w"),
+            numpy_helper.from_array((bias * scale + shift).astype(np.float32), f"{stem}_b")])
+        del conv.input[1:]
+        conv.input.extend([f"{stem}_w", f"{stem}_b"])
+        conv.output[0] = tail.output[0]
+    if folded:
+        _replace_nodes(graph, [n for n in graph.node if id(n) not in removed])
+    return folded
+
+
+def _per_channel(value: np.ndarray, channels: int, rank: int) -> np.ndarray | None:
+    """``value`` as one number per channel of a rank-``rank`` NCHW-style tensor it broadcasts against without
+    changing its shape, or None if it does not broadcast per channel."""
+    if value.ndim > rank:
+        return None
+    if value.size == 1:
+        return np.full(channels, float(value.ravel()[0]), np.float32)
+    shape = [1] * (rank - value.ndim) + list(value.shape)
+    if shape[1] == channels and all(d == 1 for i, d in enumerate(shape) if i != 1):
+        return value.reshape(channels).astype(np.float32)
+    return None
+
+
+def _replace_nodes(graph, nodes: list) -> None:
+    """``graph``'s nodes replaced by ``nodes`` and initializers nothing reads any more dropped."""
+    kept = []
+    for node in nodes:
+        copy = type(node)()
+        copy.CopyFrom(node)
+        kept.append(copy)
+    del graph.node[:]
+    graph.node.extend(kept)
+    used = {name for node in graph.node for name in node.input}
+    used |= {o.name for o in graph.output}
+    for init in [init for init in graph.initializer if init.name not in used]:
+        graph.initializer.remove(init)
+    produced = {name for node in graph.node for name in node.output}
+    for info in [info for info in graph.value_info if info.name not in produced]:
+        graph.value_info.remove(info)
+
+
+def hard_swishes(model) -> int:
+    """Rewrite each hard-swish written out as ``x * clip(x + 3, 0, 6) / 6`` (Add, Clip, Mul, Div in either order;
+    Paddle2ONNX and exporters below opset 14 write it so) as ``x * HardSigmoid(x)`` (alpha 1/6, beta 0.5): the same
+    values in two element-wise ops instead of four. Returns how many were rewritten."""
+    from onnx import helper
+
+    graph = model.graph
+    inits = {init.name: init for init in graph.initializer}
+    outputs = {o.name for o in graph.output}
+    readers = _readers(graph)
+    removed, added, count = set(), {}, 0
+
+    def scalar(node, tensor: str, want: float) -> bool:
+        value = _other_input(node, inits, tensor)
+        return value is not None and value.size == 1 and abs(float(value.ravel()[0]) - want) < 1e-6
+
+    for add in graph.node:
+        if add.op_type != "Add" or id(add) in removed:
+            continue
+        x = next((name for name in add.input if _constant(inits, name) is None), None)
+        if x is None or not scalar(add, x, 3.0):
+            continue
+        clip = _sole_reader(readers, outputs, add.output[0])
+        if clip is None or clip.op_type != "Clip" or len(clip.input) != 3:
+            continue
+        low, high = _constant(inits, clip.input[1]), _constant(inits, clip.input[2])
+        if low is None or high is None or float(low) != 0.0 or float(high) != 6.0:
+            continue
+        first = _sole_reader(readers, outputs, clip.output[0])
+        second = None if first is None else _sole_reader(readers, outputs, first.output[0])
+        if first is None or second is None:
+            continue
+        sixth = lambda node, tensor: ((node.op_type == "Div" and list(node.input).index(tensor) == 0  # noqa: E731
+                                       and scalar(node, tensor, 6.0))
+                                      or (node.op_type == "Mul" and scalar(node, tensor, 1.0 / 6.0)))
+        times_x = lambda node, tensor: node.op_type == "Mul" and sorted(node.input) == sorted([x, tensor])  # noqa: E731
+        if not ((sixth(first, clip.output[0]) and times_x(second, first.output[0]))
+                or (times_x(first, clip.output[0]) and sixth(second, first.output[0]))):
+            continue
+        gate = f"{second.output[0]}_hardsigmoid"
+        added[id(second)] = [helper.make_node("HardSigmoid", [x], [gate], name=gate, alpha=1.0 / 6.0, beta=0.5),
+                             helper.make_node("Mul", [x, gate], [second.output[0]], name=f"{second.output[0]}_mul")]
+        removed |= {id(add), id(clip), id(first), id(second)}
+        count += 1
+    if count:
+        nodes = []
+        for node in graph.node:
+            nodes.extend(added.get(id(node), []))
+            if id(node) not in removed:
+                nodes.append(node)
+        _replace_nodes(graph, nodes)
+    return count
