@@ -82,6 +82,9 @@ def normalise(model, *, optimise: bool = True, feeds: dict | None = None) -> Nor
     folded = fold_conv_affine(model)
     if folded:
         result.steps.append(f"{folded} constant Mul/Add after a Conv folded into its weights and bias")
+    inputs = fold_input_affine(model)
+    if inputs:
+        result.steps.append(f"{inputs} constant scalar Mul/Add before unpadded Convs folded into them")
     swishes = hard_swishes(model)
     if swishes:
         result.steps.append(f"{swishes} hard-swish(es) written as x * HardSigmoid(x)")
@@ -395,6 +398,70 @@ def fold_conv_affine(model) -> int:
     if folded:
         _replace_nodes(graph, [n for n in graph.node if id(n) not in removed])
     return folded
+
+
+def fold_input_affine(model) -> int:
+    """Fold each chain of scalar Mul/Add (``t = a * x + b``) whose result only Convs without padding read into
+    those Convs (weights times ``a``, bias plus ``b`` times each output channel's weight sum); the same values
+    (with padding the border would see ``b`` where the Conv pads zeros, so padded Convs keep the chain).
+    PP-LCNetV3 puts such an affine block after each activation, ahead of its pointwise Convs. Returns how many
+    Mul/Add were folded."""
+    from onnx import numpy_helper
+
+    graph = model.graph
+    inits = {init.name: init for init in graph.initializer}
+    outputs = {o.name for o in graph.output}
+    producer = {out: node for node in graph.node for out in node.output}
+    readers = _readers(graph)
+    removed, folded = set(), 0
+    for tensor in list(readers):
+        convs = readers[tensor]
+        if tensor in outputs or tensor in inits or not all(_unpadded_conv(c, inits, tensor) for c in convs):
+            continue
+        scale, shift, source, chain = 1.0, 0.0, tensor, []
+        node = producer.get(source)
+        while (node is not None and node.op_type in ("Mul", "Add") and node.domain in ("", "ai.onnx")
+               and id(node) not in removed and (source == tensor or len(readers.get(source, [])) == 1)):
+            x = next((name for name in node.input if name not in inits), None)
+            value = None if x is None else _other_input(node, inits, x)
+            if value is None or value.size != 1 or value.ndim > 4:
+                break
+            c = float(value.ravel()[0])
+            scale, shift = (scale * c, shift) if node.op_type == "Mul" else (scale, shift + scale * c)
+            chain.append(node)
+            source, node = x, producer.get(x)
+        if not chain:
+            continue
+        for conv in convs:
+            weight = numpy_helper.to_array(inits[conv.input[1]]).astype(np.float32)
+            bias = (numpy_helper.to_array(inits[conv.input[2]]).astype(np.float32)
+                    if len(conv.input) > 2 and conv.input[2] else np.zeros(weight.shape[0], np.float32))
+            stem = f"{conv.output[0]}_input_affine"
+            graph.initializer.extend([
+                numpy_helper.from_array((weight * scale).astype(np.float32), f"{stem}_w"),
+                numpy_helper.from_array((bias + shift * weight.reshape(weight.shape[0], -1).sum(axis=1))
+                                        .astype(np.float32), f"{stem}_b")])
+            del conv.input[1:]
+            conv.input.extend([f"{stem}_w", f"{stem}_b"])
+            conv.input[0] = source
+        removed |= {id(node) for node in chain}
+        folded += len(chain)
+    if folded:
+        _replace_nodes(graph, [n for n in graph.node if id(n) not in removed])
+    return folded
+
+
+def _unpadded_conv(node, inits: dict, tensor: str) -> bool:
+    """Whether ``node`` is a Conv reading ``tensor`` as its input (only there), with constant weights (and bias)
+    and no padding."""
+    if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or list(node.input).count(tensor) != 1:
+        return False
+    if node.input[0] != tensor or len(node.input) < 2 or node.input[1] not in inits:
+        return False
+    if len(node.input) > 2 and node.input[2] and node.input[2] not in inits:
+        return False
+    attrs = _attributes(node)
+    return not any(attrs.get("pads", [0])) and attrs.get("auto_pad", b"NOTSET") in (b"NOTSET", b"VALID")
 
 
 def _per_channel(value: np.ndarray, channels: int, rank: int) -> np.ndarray | None:
