@@ -33,12 +33,13 @@ def default_opset(model) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
-def normalise(model, *, optimise: bool = True, feeds: dict | None = None) -> Normalised:
+def normalise(model, *, optimise: bool = True, feeds: dict | None = None, simplify: bool = True) -> Normalised:
     """Constant-node weights to initializers, opset ≥ 13, shapes inferred, average pools that cover their whole
     input as global pools (:func:`global_pools`; ``feeds``, one input sample, measures shapes that inference
     leaves unknown), graph folded by ONNX Runtime's basic optimiser (constant folding, Conv+BatchNorm and
-    similar fusions that keep the graph portable), then the element-wise chains it leaves simplified: a Conv's
-    constant scale and shift folded into it (:func:`fold_conv_affine`), hard-swishes in two ops instead of four
+    similar fusions that keep the graph portable), then (``simplify``) the element-wise chains it leaves
+    simplified: a Conv's constant scale and shift folded into it (:func:`fold_conv_affine`), scalar affine chains
+    ahead of unpadded Convs too (:func:`fold_input_affine`), hard-swishes in two ops instead of four
     (:func:`hard_swishes`). Every rewrite computes the same values."""
     import onnx
 
@@ -79,17 +80,25 @@ def normalise(model, *, optimise: bool = True, feeds: dict | None = None) -> Nor
         model = optimised
         if fused:
             result.steps.append(fused)
-    folded = fold_conv_affine(model)
-    if folded:
-        result.steps.append(f"{folded} constant Mul/Add after a Conv folded into its weights and bias")
-    inputs = fold_input_affine(model)
-    if inputs:
-        result.steps.append(f"{inputs} constant scalar Mul/Add before unpadded Convs folded into them")
-    swishes = hard_swishes(model)
-    if swishes:
-        result.steps.append(f"{swishes} hard-swish(es) written as x * HardSigmoid(x)")
+    if simplify:
+        result.steps += simplify_element_wise(model)
     result.model = model
     return result
+
+
+def simplify_element_wise(model) -> list[str]:
+    """Simplify ``model``'s element-wise chains in place (:func:`normalise`); what was done, for the report."""
+    steps = []
+    folded = fold_conv_affine(model)
+    if folded:
+        steps.append(f"{folded} constant Mul/Add after a Conv folded into its weights and bias")
+    inputs = fold_input_affine(model)
+    if inputs:
+        steps.append(f"{inputs} constant scalar Mul/Add before unpadded Convs folded into them")
+    swishes = hard_swishes(model)
+    if swishes:
+        steps.append(f"{swishes} hard-swish(es) written as x * HardSigmoid(x)")
+    return steps
 
 
 def _line(exc: BaseException) -> str:
