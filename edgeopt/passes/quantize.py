@@ -65,7 +65,8 @@ def int8(model: WorkingModel, ctx: PassContext, config: Int8Config) -> None:
                                nncf_options=onnx_options, ignored=list(config.ignored_scope or []),
                                transformer=quantized.transformer, ffn_down_float=quantized.ffn_down_float,
                                recurrent_float=config.recurrent_float,
-                               backends=None if config.onnx_backend == "auto" else (config.onnx_backend,))
+                               backends=None if config.onnx_backend == "auto" else (config.onnx_backend,),
+                               held_out=ctx.evaluation)
         model.graphs["onnx"] = picked.model
         model.decisions["onnx_int8"] = picked.describe()
         model.notes.append(f"onnx int8: {picked.backend} backend, {picked.reason} "
