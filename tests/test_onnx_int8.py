@@ -310,6 +310,27 @@ def test_choice_keeps_quantize_static_unless_a_contender_is_decisively_faster():
     assert not settled((0.85, 1.05)) and not settled((1 - DECISIVE, 0.99))  # may be decisively faster: to the end
 
 
+def test_a_candidate_that_reaches_the_gate_beats_fusable_ones_that_miss_it():
+    """Silero VAD's case (held-out cosine on its state output): the fusable compute-only graph 0.961, NNCF's
+    unfusable one 0.996. Fusability decides unless the gate's cosine is at stake: then the candidate that reaches
+    it, and the reason says so; when none reaches it, fusability decides as before."""
+    from edgeopt.passes.onnx_int8 import Built, choose, contenders, pick
+
+    def built():
+        return [Built("nncf", model=object(), cosine=0.9965, unfused=0.5),
+                Built("ort-conv", model=object(), cosine=0.9613, unfused=0.0)]
+
+    assert choose(built()).backend == "ort-conv"  # no gate cosine (a task metric, or labels, decide)
+    assert choose(built(), floor=0.999).backend == "ort-conv"  # none reaches it
+    candidates = built()
+    for b in contenders(candidates, 0.99):
+        b.contender = True
+    rule = choose(candidates, floor=0.99)
+    chosen, reason = pick(candidates, rule)
+    assert chosen.backend == "nncf" and [b.backend for b in candidates if b.contender] == ["nncf"]
+    assert reason == "the fusable candidates miss the quality gate's cosine and this one reaches it"
+
+
 def test_rule_prefers_the_hybrid_recipe_when_it_contends():
     """A CNN backbone with attention blocks: the hybrid (dynamic MatMuls, Convs fused static) is the rule's pick
     over the dynamic recipe when within the fidelity tolerance (wav2vec2 0.59x, SegFormer 0.76x of dynamic's p50
