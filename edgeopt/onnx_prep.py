@@ -328,6 +328,31 @@ def pin_inputs(model, values: dict[str, np.ndarray], shapes: dict[str, list[int]
     return None if error else pinned
 
 
+def _kept_names(graph) -> set[str]:
+    """Tensors of ``graph`` a rewrite must keep: its outputs and what its subgraphs (``If``/``Loop`` bodies) read
+    from the outer scope."""
+    import onnx
+
+    kept = {o.name for o in graph.output}
+
+    def visit(body) -> None:
+        for node in body.node:
+            kept.update(node.input)
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    visit(attr.g)
+                for sub in attr.graphs:
+                    visit(sub)
+
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                visit(attr.g)
+            for sub in attr.graphs:
+                visit(sub)
+    return kept
+
+
 def _readers(graph) -> dict[str, list]:
     readers: dict[str, list] = {}
     for node in graph.node:
@@ -346,9 +371,10 @@ def _constant(inits: dict, name: str) -> np.ndarray | None:
     return value if value.dtype == np.float32 else None
 
 
-def _sole_reader(readers: dict, outputs: set, tensor: str):
+def _sole_reader(readers: dict, kept: set, tensor: str):
+    """The one node that reads ``tensor``, or None (several readers, or a tensor the graph must keep)."""
     users = readers.get(tensor, [])
-    return users[0] if len(users) == 1 and tensor not in outputs else None
+    return users[0] if len(users) == 1 and tensor not in kept else None
 
 
 def _other_input(node, inits: dict, tensor: str) -> np.ndarray | None:
@@ -367,7 +393,7 @@ def fold_conv_affine(model) -> int:
 
     graph = model.graph
     inits = {init.name: init for init in graph.initializer}
-    outputs = {o.name for o in graph.output}
+    kept = _kept_names(graph)
     readers = _readers(graph)
     removed, folded = set(), 0
     for conv in graph.node:
@@ -380,7 +406,7 @@ def fold_conv_affine(model) -> int:
             continue
         scale, shift, tail = np.ones(channels, np.float32), np.zeros(channels, np.float32), conv
         while True:
-            user = _sole_reader(readers, outputs, tail.output[0])
+            user = _sole_reader(readers, kept, tail.output[0])
             if user is None or user.op_type not in ("Mul", "Add") or user.domain not in ("", "ai.onnx"):
                 break
             value = _other_input(user, inits, tail.output[0])
@@ -419,18 +445,19 @@ def fold_input_affine(model) -> int:
 
     graph = model.graph
     inits = {init.name: init for init in graph.initializer}
-    outputs = {o.name for o in graph.output}
+    kept = _kept_names(graph)
     producer = {out: node for node in graph.node for out in node.output}
     readers = _readers(graph)
     removed, folded = set(), 0
     for tensor in list(readers):
         convs = readers[tensor]
-        if tensor in outputs or tensor in inits or not all(_unpadded_conv(c, inits, tensor) for c in convs):
+        if tensor in kept or tensor in inits or not all(_unpadded_conv(c, inits, tensor) for c in convs):
             continue
         scale, shift, source, chain = 1.0, 0.0, tensor, []
         node = producer.get(source)
         while (node is not None and node.op_type in ("Mul", "Add") and node.domain in ("", "ai.onnx")
-               and id(node) not in removed and (source == tensor or len(readers.get(source, [])) == 1)):
+               and id(node) not in removed
+               and (source == tensor or (len(readers.get(source, [])) == 1 and source not in kept))):
             x = next((name for name in node.input if name not in inits), None)
             value = None if x is None else _other_input(node, inits, x)
             if value is None or value.size != 1 or value.ndim > 4:
@@ -495,11 +522,10 @@ def _replace_nodes(graph, nodes: list) -> None:
         kept.append(copy)
     del graph.node[:]
     graph.node.extend(kept)
-    used = {name for node in graph.node for name in node.input}
-    used |= {o.name for o in graph.output}
+    used = {name for node in graph.node for name in node.input} | _kept_names(graph)
     for init in [init for init in graph.initializer if init.name not in used]:
         graph.initializer.remove(init)
-    produced = {name for node in graph.node for name in node.output}
+    produced = {name for node in graph.node for name in node.output} | {i.name for i in graph.input}
     for info in [info for info in graph.value_info if info.name not in produced]:
         graph.value_info.remove(info)
 
@@ -512,7 +538,7 @@ def hard_swishes(model) -> int:
 
     graph = model.graph
     inits = {init.name: init for init in graph.initializer}
-    outputs = {o.name for o in graph.output}
+    kept = _kept_names(graph)
     readers = _readers(graph)
     removed, added, count = set(), {}, 0
 
@@ -526,14 +552,14 @@ def hard_swishes(model) -> int:
         x = next((name for name in add.input if _constant(inits, name) is None), None)
         if x is None or not scalar(add, x, 3.0):
             continue
-        clip = _sole_reader(readers, outputs, add.output[0])
+        clip = _sole_reader(readers, kept, add.output[0])
         if clip is None or clip.op_type != "Clip" or len(clip.input) != 3:
             continue
         low, high = _constant(inits, clip.input[1]), _constant(inits, clip.input[2])
         if low is None or high is None or float(low) != 0.0 or float(high) != 6.0:
             continue
-        first = _sole_reader(readers, outputs, clip.output[0])
-        second = None if first is None else _sole_reader(readers, outputs, first.output[0])
+        first = _sole_reader(readers, kept, clip.output[0])
+        second = None if first is None else _sole_reader(readers, kept, first.output[0])
         if first is None or second is None:
             continue
         sixth = lambda node, tensor: ((node.op_type == "Div" and list(node.input).index(tensor) == 0  # noqa: E731

@@ -13,7 +13,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
-from edgeopt.onnx_prep import fold_conv_affine, hard_swishes, normalise
+from edgeopt.onnx_prep import fold_conv_affine, fold_input_affine, hard_swishes, normalise
 from tests.ort_support import optimized_ops
 
 
@@ -131,3 +131,20 @@ def test_constants_that_do_not_broadcast_per_channel_or_shared_outputs_stay():
     got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds[0])
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_tensors_a_subgraph_reads_are_kept():
+    """A Conv output that an ``If`` body reads from the outer scope keeps its Mul (the body still finds it)."""
+    weight = numpy_helper.from_array(np.ones((2, 2, 1, 1), np.float32), "w")
+    two = numpy_helper.from_array(np.array([2.0], np.float32), "two")
+    cond = numpy_helper.from_array(np.array(True), "cond")
+    branch = helper.make_graph([helper.make_node("Identity", ["a"], ["b"])], "branch", [],
+                               [helper.make_tensor_value_info("b", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("Conv", ["x", "w"], ["a"]), helper.make_node("Mul", ["a", "two"], ["y"]),
+             helper.make_node("If", ["cond"], ["z"], then_branch=branch, else_branch=branch)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 3])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "yz"],
+                              [weight, two, cond])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    assert fold_conv_affine(model) == 0 and fold_input_affine(model) == 0
+    assert [n.op_type for n in model.graph.node] == ["Conv", "Mul", "If"]
