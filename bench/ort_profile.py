@@ -37,7 +37,8 @@ CONVS = ("Conv", "FusedConv", "QLinearConv", "NhwcFusedConv", "ConvInteger")
 
 
 def prepare(name: str, work: Path):
-    """The entry's FP32 ONNX path, calibration and held-out samples (as the conformance bench makes them)."""
+    """The entry's FP32 ONNX path (a PyTorch factory's exported as edgeopt exports it), calibration and held-out
+    samples (as the conformance bench makes them)."""
     from edgeopt.source import load_model
 
     entry = next(e for e in conformance.CORPUS if e.name == name)
@@ -45,7 +46,8 @@ def prepare(name: str, work: Path):
     source = load_model(spec, {k: tuple(v) for k, v in entry.shapes.items()})
     calib = conformance.make_data(source.inputs, conformance.CALIB, 0, entry.text)
     held = conformance.make_data(source.inputs, conformance.EVAL, 1, entry.text)
-    return Path(spec), conformance.split(calib, conformance.CALIB), conformance.split(held, conformance.EVAL)
+    path = Path(spec) if spec.endswith(".onnx") else conformance.save_fp32(source, work / "fp32")[1]  # a factory
+    return path, conformance.split(calib, conformance.CALIB), conformance.split(held, conformance.EVAL)
 
 
 def build(fp32: Path, calib: list[dict], backend: str, simplify: bool = True):
