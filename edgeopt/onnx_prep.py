@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 MIN_OPSET = 13  # first opset with per-axis QuantizeLinear/DequantizeLinear
+HARD_SWISH_OPSET = 14  # first opset with HardSwish
 
 
 @dataclass
@@ -39,8 +40,8 @@ def normalise(model, *, optimise: bool = True, feeds: dict | None = None, simpli
     leaves unknown), graph folded by ONNX Runtime's basic optimiser (constant folding, Conv+BatchNorm and
     similar fusions that keep the graph portable), then (``simplify``) the element-wise chains it leaves
     simplified: a Conv's constant scale and shift folded into it (:func:`fold_conv_affine`), scalar affine chains
-    ahead of unpadded Convs too (:func:`fold_input_affine`), hard-swishes in two ops instead of four
-    (:func:`hard_swishes`). Every rewrite computes the same values."""
+    ahead of unpadded Convs too (:func:`fold_input_affine`), spelled-out hard-swishes as one HardSwish (the opset
+    raised from 13 to 14 for it) or else two ops (:func:`hard_swishes`). Every rewrite computes the same values."""
     import onnx
 
     copied = onnx.ModelProto()
@@ -95,10 +96,33 @@ def simplify_element_wise(model) -> list[str]:
     inputs = fold_input_affine(model)
     if inputs:
         steps.append(f"{inputs} constant scalar Mul/Add before unpadded Convs folded into them")
+    opset = default_opset(model)
+    if MIN_OPSET <= opset < HARD_SWISH_OPSET and spelled_hard_swishes(model):
+        upgraded = _upgraded(model, HARD_SWISH_OPSET)
+        if upgraded is not None:
+            model.CopyFrom(upgraded)
+            steps.append(f"opset {opset} -> {HARD_SWISH_OPSET} (onnx.version_converter) for HardSwish")
     swishes = hard_swishes(model)
     if swishes:
-        steps.append(f"{swishes} hard-swish(es) written as x * HardSigmoid(x)")
+        form = "HardSwish" if default_opset(model) >= HARD_SWISH_OPSET else "x * HardSigmoid(x)"
+        steps.append(f"{swishes} hard-swish(es) written as {form}")
     return steps
+
+
+def _upgraded(model, opset: int):
+    """``model`` converted to ``opset`` by ``onnx.version_converter``, or None when that or loading the result in
+    ONNX Runtime fails."""
+    import onnxruntime as ort
+    from onnx import version_converter
+
+    try:
+        upgraded = version_converter.convert_version(model, opset)
+        quiet = ort.SessionOptions()
+        quiet.log_severity_level = 3
+        ort.InferenceSession(upgraded.SerializeToString(), quiet, providers=["CPUExecutionProvider"])
+    except Exception:
+        return None
+    return upgraded
 
 
 def _line(exc: BaseException) -> str:
@@ -530,27 +554,23 @@ def _replace_nodes(graph, nodes: list) -> None:
         graph.value_info.remove(info)
 
 
-def hard_swishes(model) -> int:
-    """Rewrite each hard-swish written out as ``x * clip(x + 3, 0, 6) / 6`` (Add, Clip, Mul, Div in either order;
-    Paddle2ONNX and exporters below opset 14 write it so) as ``x * HardSigmoid(x)`` (alpha 1/6, beta 0.5): the same
-    values in two element-wise ops instead of four. Returns how many were rewritten."""
-    from onnx import helper
-
+def spelled_hard_swishes(model) -> list[tuple[str, list]]:
+    """Each hard-swish of ``model`` written out as ``x * clip(x + 3, 0, 6) / 6`` (Add, Clip, Mul, Div in either
+    order, or a Mul by 1/6; Paddle2ONNX and exporters below opset 14 write it so): ``(x, its four nodes)``, the
+    last node's output being the hard-swish's."""
     graph = model.graph
     inits = {init.name: init for init in graph.initializer}
     kept = _kept_names(graph)
     readers = _readers(graph)
-    removed, added, count = set(), {}, 0
+    found = []
 
     def scalar(node, tensor: str, want: float) -> bool:
         value = _other_input(node, inits, tensor)
         return value is not None and value.size == 1 and abs(float(value.ravel()[0]) - want) < 1e-6
 
     for add in graph.node:
-        if add.op_type != "Add" or id(add) in removed:
-            continue
         x = next((name for name in add.input if _constant(inits, name) is None), None)
-        if x is None or not scalar(add, x, 3.0):
+        if add.op_type != "Add" or x is None or not scalar(add, x, 3.0):
             continue
         clip = _sole_reader(readers, kept, add.output[0])
         if clip is None or clip.op_type != "Clip" or len(clip.input) != 3:
@@ -566,19 +586,33 @@ def hard_swishes(model) -> int:
                                        and scalar(node, tensor, 6.0))
                                       or (node.op_type == "Mul" and scalar(node, tensor, 1.0 / 6.0)))
         times_x = lambda node, tensor: node.op_type == "Mul" and sorted(node.input) == sorted([x, tensor])  # noqa: E731
-        if not ((sixth(first, clip.output[0]) and times_x(second, first.output[0]))
+        if ((sixth(first, clip.output[0]) and times_x(second, first.output[0]))
                 or (times_x(first, clip.output[0]) and sixth(second, first.output[0]))):
-            continue
-        gate = f"{second.output[0]}_hardsigmoid"
-        added[id(second)] = [helper.make_node("HardSigmoid", [x], [gate], name=gate, alpha=1.0 / 6.0, beta=0.5),
-                             helper.make_node("Mul", [x, gate], [second.output[0]], name=f"{second.output[0]}_mul")]
-        removed |= {id(add), id(clip), id(first), id(second)}
-        count += 1
-    if count:
+            found.append((x, [add, clip, first, second]))
+    return found
+
+
+def hard_swishes(model) -> int:
+    """Rewrite each spelled-out hard-swish (:func:`spelled_hard_swishes`) as one ``HardSwish`` where ``model``'s
+    opset has it (14+), else as ``x * HardSigmoid(x)`` (alpha 1/6, beta 0.5): the same values in one or two ops
+    instead of four. Returns how many were rewritten."""
+    from onnx import helper
+
+    found = spelled_hard_swishes(model)
+    single = default_opset(model) >= HARD_SWISH_OPSET
+    removed, added = set(), {}
+    for x, nodes in found:
+        out = nodes[-1].output[0]
+        gate = f"{out}_hardsigmoid"
+        added[id(nodes[-1])] = ([helper.make_node("HardSwish", [x], [out], name=f"{out}_hardswish")] if single else
+                                [helper.make_node("HardSigmoid", [x], [gate], name=gate, alpha=1.0 / 6.0, beta=0.5),
+                                 helper.make_node("Mul", [x, gate], [out], name=f"{out}_mul")])
+        removed |= {id(node) for node in nodes}
+    if found:
         nodes = []
-        for node in graph.node:
+        for node in model.graph.node:
             nodes.extend(added.get(id(node), []))
             if id(node) not in removed:
                 nodes.append(node)
-        _replace_nodes(graph, nodes)
-    return count
+        _replace_nodes(model.graph, nodes)
+    return len(found)
