@@ -477,6 +477,7 @@ def fold_input_affine(model) -> int:
         convs = readers[tensor]
         if tensor in kept or tensor in inits or not all(_unpadded_conv(c, inits, tensor) for c in convs):
             continue
+        rank = min(len(inits[conv.input[1]].dims) for conv in convs)  # the Convs' input rank
         scale, shift, source, chain = 1.0, 0.0, tensor, []
         node = producer.get(source)
         while (node is not None and node.op_type in ("Mul", "Add") and node.domain in ("", "ai.onnx")
@@ -484,7 +485,7 @@ def fold_input_affine(model) -> int:
                and (source == tensor or (len(readers.get(source, [])) == 1 and source not in kept))):
             x = next((name for name in node.input if name not in inits), None)
             value = None if x is None else _other_input(node, inits, x)
-            if value is None or value.size != 1 or value.ndim > 4:
+            if value is None or value.size != 1 or value.ndim > rank:  # a wider constant would broadcast the rank
                 break
             c = float(value.ravel()[0])
             scale, shift = (scale * c, shift) if node.op_type == "Mul" else (scale, shift + scale * c)
@@ -564,9 +565,10 @@ def spelled_hard_swishes(model) -> list[tuple[str, list]]:
     readers = _readers(graph)
     found = []
 
-    def scalar(node, tensor: str, want: float) -> bool:
+    def scalar(node, tensor: str, want: float) -> bool:  # rank 0 or 1: it cannot widen x's shape
         value = _other_input(node, inits, tensor)
-        return value is not None and value.size == 1 and abs(float(value.ravel()[0]) - want) < 1e-6
+        return (value is not None and value.size == 1 and value.ndim <= 1
+                and abs(float(value.ravel()[0]) - want) < 1e-6)
 
     for add in graph.node:
         x = next((name for name in add.input if _constant(inits, name) is None), None)
