@@ -313,12 +313,14 @@ def test_choice_keeps_quantize_static_unless_a_contender_is_decisively_faster():
 def test_a_candidate_that_reaches_the_gate_beats_fusable_ones_that_miss_it():
     """Silero VAD's case (held-out cosine on its state output): the fusable compute-only graph 0.961, NNCF's
     unfusable one 0.996. Fusability decides unless the gate's cosine is at stake: then the candidate that reaches
-    it, and the reason says so; when none reaches it, fusability decides as before."""
+    it (not one that does so by leaving its weights float), and the reason says so; when none reaches it,
+    fusability decides as before."""
     from edgeopt.passes.onnx_int8 import Built, choose, contenders, pick
 
     def built():
-        return [Built("nncf", model=object(), cosine=0.9965, unfused=0.5),
-                Built("ort-conv", model=object(), cosine=0.9613, unfused=0.0)]
+        return [Built("nncf", model=object(), bytes=350_508, cosine=0.9965, unfused=0.5),
+                Built("ort-conv", model=object(), bytes=358_135, cosine=0.9613, unfused=0.0),
+                Built("ort", model=object(), bytes=1_300_000, cosine=1.0, unfused=0.5)]  # weights left float
 
     assert choose(built()).backend == "ort-conv"  # no gate cosine (a task metric, or labels, decide)
     assert choose(built(), floor=0.999).backend == "ort-conv"  # none reaches it
@@ -327,7 +329,7 @@ def test_a_candidate_that_reaches_the_gate_beats_fusable_ones_that_miss_it():
         b.contender = True
     rule = choose(candidates, floor=0.99)
     chosen, reason = pick(candidates, rule)
-    assert chosen.backend == "nncf" and [b.backend for b in candidates if b.contender] == ["nncf"]
+    assert chosen.backend == "nncf" and [b.backend for b in candidates if b.contender] == ["nncf"]  # not the 4x one
     assert reason == "the fusable candidates miss the quality gate's cosine and this one reaches it"
 
 

@@ -66,6 +66,7 @@ from edgeopt.vs_fp32 import (BLOCK_S, COVERAGE, THREADS, Rounds, interleaved_rou
 
 FIDELITY_TOLERANCE = 0.01  # a candidate this close to the best cosine contends: a measured speed gain wins
 MAX_UNFUSED = 0.1  # a graph with more than 10% of its quantized Conv/Gemm/MatMul unfusable runs them in float
+FLOOR_SIZE_SLACK = 1.1  # a candidate reaching the gate where the fusable ones miss may be at most this much larger
 CHOICE_SAMPLES = 16  # samples the backends' fidelity is compared on (held-out ones when given)
 DECISIVE = 0.10  # a contender replaces the rule's pick only when its whole interval is this much faster
 BACKENDS = ("nncf", "ort", "ort-conv")  # built by default, in the rule's order
@@ -239,10 +240,13 @@ def contenders(built: list[Built], floor: float | None = None) -> list[Built]:
     """The candidates ONNX Runtime can fuse (all, if none) whose fidelity is within ``FIDELITY_TOLERANCE`` of
     the best of them. ``floor``: the quality gate's cosine; when no fusable candidate reaches it and others do,
     those others are the pool (the fastest candidate that passes the gate, not the fastest that fails it: Silero
-    VAD's fusable compute-only graph 0.961 on its state output, NNCF's unfusable one 0.996 at 0.87x FP32)."""
+    VAD's fusable compute-only graph 0.961 on its state output, NNCF's unfusable one 0.996 at 0.87x FP32) — if
+    it is not larger than ``FLOOR_SIZE_SLACK`` times the smallest of them (one that reaches the gate by leaving
+    weights float is not the INT8 artifact asked for)."""
     pool = [b for b in built if b.unfused <= MAX_UNFUSED] or built
     if floor is not None and all(b.cosine < floor for b in pool):
-        pool = [b for b in built if b.cosine >= floor] or pool
+        smallest = min(b.bytes for b in pool)
+        pool = [b for b in built if b.cosine >= floor and b.bytes <= FLOOR_SIZE_SLACK * smallest] or pool
     best_cos = max(b.cosine for b in pool)
     return [b for b in pool if b.cosine >= best_cos - FIDELITY_TOLERANCE]
 
