@@ -377,7 +377,8 @@ def _kept_names(graph) -> set[str]:
     return kept
 
 
-def _readers(graph) -> dict[str, list]:
+def tensor_readers(graph) -> dict[str, list]:
+    """Each tensor name of ``graph`` → the nodes that read it."""
     readers: dict[str, list] = {}
     for node in graph.node:
         for name in node.input:
@@ -418,7 +419,7 @@ def fold_conv_affine(model) -> int:
     graph = model.graph
     inits = {init.name: init for init in graph.initializer}
     kept = _kept_names(graph)
-    readers = _readers(graph)
+    readers = tensor_readers(graph)
     removed, folded = set(), 0
     for conv in graph.node:
         weight = _constant(inits, conv.input[1]) if conv.op_type == "Conv" and len(conv.input) > 1 else None
@@ -471,7 +472,7 @@ def fold_input_affine(model) -> int:
     inits = {init.name: init for init in graph.initializer}
     kept = _kept_names(graph)
     producer = {out: node for node in graph.node for out in node.output}
-    readers = _readers(graph)
+    readers = tensor_readers(graph)
     removed, folded = set(), 0
     for tensor in list(readers):
         convs = readers[tensor]
@@ -562,7 +563,7 @@ def spelled_hard_swishes(model) -> list[tuple[str, list]]:
     graph = model.graph
     inits = {init.name: init for init in graph.initializer}
     kept = _kept_names(graph)
-    readers = _readers(graph)
+    readers = tensor_readers(graph)
     found = []
 
     def scalar(node, tensor: str, want: float) -> bool:  # rank 0 or 1: it cannot widen x's shape

@@ -59,7 +59,7 @@ import numpy as np
 from edgeopt.data import SampleSet
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.model_type import ffn_down_projections
-from edgeopt.onnx_prep import normalise
+from edgeopt.onnx_prep import normalise, tensor_readers
 from edgeopt.recurrent import ONNX_CELLS, ONNX_WEIGHT_AXIS, ONNX_WEIGHT_INPUTS, has_onnx_cells
 from edgeopt.vs_fp32 import (BLOCK_S, COVERAGE, THREADS, Rounds, interleaved_rounds, median_interval,
                              settings_for)
@@ -318,7 +318,7 @@ def unfused_share(model) -> float:
     (tests/test_onnx_int8.py)."""
     graph = model.graph
     producer = {out: node for node in graph.node for out in node.output}
-    consumers = _readers(graph)
+    consumers = tensor_readers(graph)
     inits = {init.name: init for init in graph.initializer}
     outputs = {o.name for o in graph.output}
 
@@ -348,15 +348,6 @@ def unfused_share(model) -> float:
     if not quantized:
         return 0.0
     return round(sum(not fused(n) for n in quantized) / len(quantized), 4)
-
-
-def _readers(graph) -> dict[str, list]:
-    """Each tensor name of ``graph`` → the nodes that read it."""
-    readers: dict[str, list] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
-    return readers
 
 
 def _fusable_quantizer(quantize, inits: dict, consumers: dict) -> bool:
@@ -398,7 +389,7 @@ def unsigned_activations(model) -> int:
 
     graph = model.graph
     inits = {init.name: init for init in graph.initializer}
-    readers = _readers(graph)
+    readers = tensor_readers(graph)
     typed = {info.name: info for info in graph.value_info}
     replaced, converted = set(), 0
     for node in list(graph.node):
@@ -525,7 +516,7 @@ def compute_nodes(model, ops: tuple[str, ...] = COMPUTE_OPS) -> list[str]:
     for index, node in enumerate(graph.node):
         if not node.name:
             node.name = f"edgeopt_{node.op_type}_{index}"
-    readers = _readers(graph)
+    readers = tensor_readers(graph)
     names = []
     for node in graph.node:
         if node.op_type in ops:
