@@ -6,9 +6,7 @@ gate on the evaluation set (``edgeopt.judge``, the measures the pipeline's gate 
 1. ``int8``: the plain step (model type recognised from the source or graph, NNCF's preset for it);
 2. ``model_type``: a graph with MatMuls not recognised as a transformer is tried as one (SmoothQuant, MIXED);
 3. ``smooth_quant``: a transformer with SmoothQuant alpha 0.5 (besides the int8 step's 0.95 / off);
-4. ``bias_correction``: full bias correction instead of the fast one (not on transformers: on all-MiniLM-L6-v2 it
-   cost 46 % of the repair and closed 11 % of the gap, where SmoothQuant alpha 0.5 closed 90 % in a fifth of the
-   time; bench/repair.py);
+4. ``bias_correction``: full bias correction instead of the fast one;
 5. ``preset``: MIXED (asymmetric activations), when PERFORMANCE was in use;
 6. ``float_ops``: the k most sensitive operations (``edgeopt.sensitivity``) kept in float, at most
    ``max_float_share`` of the quantized operations; k by bisection on the INT8 model with the operations reverted
@@ -226,8 +224,9 @@ def _ladder(ov_model, source_model_type: str | None) -> list[tuple[str, dict]]:
         rungs.append(("model_type", {"model_type": "transformer"}))
     if transformer:
         rungs.append(("smooth_quant", {"smooth_quant_alpha": SMOOTH_QUANT_ALPHA}))
+    rungs.append(("bias_correction", {"fast_bias_correction": False}))
     if not transformer:
-        rungs += [("bias_correction", {"fast_bias_correction": False}), ("preset", {"preset": "mixed"})]
+        rungs.append(("preset", {"preset": "mixed"}))
     return rungs
 
 
