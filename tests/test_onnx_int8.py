@@ -158,6 +158,7 @@ def test_opset11_constant_weights_int8_onnx_shrinks_per_channel(opset11_const, t
     assert "opset 11 -> 13 (onnx.version_converter)" in decision["normalisation"]
     assert {c["backend"] for c in decision["candidates"]} == {"nncf", "ort", "ort-conv"}
     assert decision["rule_pick"] in ("nncf", "ort", "ort-conv") and decision["reason"]  # why, in words
+    assert "the first 16 evaluation samples" in decision["measured_with"]  # held out, not the calibration set
     assert all(c["p50_ratio"] > 0 and len(c["p50_ratio_interval"]) == 2 for c in decision["candidates"])
     assert set(report["vs_fp32"]) == {"openvino", "onnx"}
     # Fidelity at least the anchor's on the same file and data (no timing asserted here: that is the bench's).
@@ -307,6 +308,29 @@ def test_choice_keeps_quantize_static_unless_a_contender_is_decisively_faster():
     assert choose(both).backend == "ort" and pick(both, choose(both))[0].backend == "nncf"
     assert settled((1.01, 1.2)) and settled((1 - DECISIVE / 2, 1.01))  # slower, or within the margin: rule stays
     assert not settled((0.85, 1.05)) and not settled((1 - DECISIVE, 0.99))  # may be decisively faster: to the end
+
+
+def test_a_candidate_that_reaches_the_gate_beats_fusable_ones_that_miss_it():
+    """Silero VAD's case (held-out cosine on its state output): the fusable compute-only graph 0.961, NNCF's
+    unfusable one 0.996. Fusability decides unless the gate's cosine is at stake: then the candidate that reaches
+    it (not one that does so by leaving its weights float), and the reason says so; when none reaches it,
+    fusability decides as before."""
+    from edgeopt.passes.onnx_int8 import Built, choose, contenders, pick
+
+    def built():
+        return [Built("nncf", model=object(), bytes=350_508, cosine=0.9965, unfused=0.5),
+                Built("ort-conv", model=object(), bytes=358_135, cosine=0.9613, unfused=0.0),
+                Built("ort", model=object(), bytes=1_300_000, cosine=1.0, unfused=0.5)]  # weights left float
+
+    assert choose(built()).backend == "ort-conv"  # no gate cosine (a task metric, or labels, decide)
+    assert choose(built(), floor=0.999).backend == "ort-conv"  # none reaches it
+    candidates = built()
+    for b in contenders(candidates, 0.99):
+        b.contender = True
+    rule = choose(candidates, floor=0.99)
+    chosen, reason = pick(candidates, rule)
+    assert chosen.backend == "nncf" and [b.backend for b in candidates if b.contender] == ["nncf"]  # not the 4x one
+    assert reason == "the fusable candidates miss the quality gate's cosine and this one reaches it"
 
 
 def test_rule_prefers_the_hybrid_recipe_when_it_contends():

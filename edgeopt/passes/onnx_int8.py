@@ -66,7 +66,8 @@ from edgeopt.vs_fp32 import (BLOCK_S, COVERAGE, THREADS, Rounds, interleaved_rou
 
 FIDELITY_TOLERANCE = 0.01  # a candidate this close to the best cosine contends: a measured speed gain wins
 MAX_UNFUSED = 0.1  # a graph with more than 10% of its quantized Conv/Gemm/MatMul unfusable runs them in float
-CHOICE_SAMPLES = 16  # calibration samples used to compare the backends' fidelity
+FLOOR_SIZE_SLACK = 1.1  # a candidate reaching the gate where the fusable ones miss may be at most this much larger
+CHOICE_SAMPLES = 16  # samples the backends' fidelity is compared on (held-out ones when given)
 DECISIVE = 0.10  # a contender replaces the rule's pick only when its whole interval is this much faster
 BACKENDS = ("nncf", "ort", "ort-conv")  # built by default, in the rule's order
 ANCHOR = "ort"  # quantize_static's recipe: the rule's default whenever it contends
@@ -122,19 +123,23 @@ class OnnxInt8:
     rule_pick: str | None = None  # what the deterministic rule picked
     reason: str = ""  # why the chosen candidate won, in words
     rounds: int = 0  # of the interleaved speed race
+    judged_on: str = ""  # which samples the fidelity and the race ran on, in words
+    cosine_floor: float | None = None  # the quality gate's cosine, when cosine is what it judges
 
     def describe(self) -> dict:
         return {"backend": self.backend, "normalisation": self.normalised, "fp32_p50_ms": self.fp32_p50_ms,
                 "rule_pick": self.rule_pick, "chosen_by": "speed" if self.backend != self.rule_pick else "rule",
                 "reason": self.reason,
-                "measured_with": (f"onnxruntime CPU, {THREADS} threads, bound inputs (first of the last "
-                                  f"{CHOICE_SAMPLES} calibration samples); FP32 and every candidate in {self.rounds} "
+                "measured_with": (f"onnxruntime CPU, {THREADS} threads, bound inputs (the first of "
+                                  f"{self.judged_on}); FP32 and every candidate in {self.rounds} "
                                   f"interleaved rounds of ~{BLOCK_S}s each (order rotating), ratios of block "
                                   f"medians per round, {COVERAGE:.0%} order-statistics intervals on their median; "
-                                  f"fidelity: worst output's mean cosine to FP32 over those {CHOICE_SAMPLES} "
-                                  "samples"),
+                                  "fidelity: worst output's mean cosine to FP32 over those samples"),
                 "rule": (f"fusable (unfused share <= {MAX_UNFUSED}; all if none is), fidelity within "
-                         f"{FIDELITY_TOLERANCE} of the best contend; the rule picks the first of "
+                         f"{FIDELITY_TOLERANCE} of the best contend"
+                         + ("" if self.cosine_floor is None else
+                            f" (when none reaches the gate's cosine {self.cosine_floor:g}: those that do)")
+                         + "; the rule picks the first of "
                          f"{', '.join(PREFERRED)} that contends ({ANCHOR}: quantize_static's recipe), else the best "
                          f"fidelity (to 4 decimals), then fewest unfused ops, then the order {', '.join(ORDER)}; a "
                          "contender replaces that pick only when decisively faster: its whole "
@@ -145,7 +150,8 @@ class OnnxInt8:
 
 def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_options: dict,
                   ignored: list[str] | None = None, transformer: bool = False, ffn_down_float: bool = False,
-                  recurrent_float: bool = False, backends: tuple[str, ...] | None = None) -> OnnxInt8:
+                  recurrent_float: bool = False, backends: tuple[str, ...] | None = None,
+                  held_out: SampleSet | None = None, cosine_floor: float | None = None) -> OnnxInt8:
     """Normalise ``model`` and return the best INT8 model among ``backends``; a model no backend can quantize
     is a one-line ``BadInputError`` naming what stopped them. ``backends``: by default NNCF's, ONNX Runtime's
     static QDQ (``ort``) and quantize_static with only Conv/ConvTranspose/Gemm/MatMul quantized (``ort-conv``);
@@ -155,7 +161,11 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
     every backend leaves in float. ``transformer``: NNCF's candidate gets the model type through
     ``nncf_options``; ``ffn_down_float``: the FFN down-projections keep float activations (int8 weights);
     ``recurrent_float``: in a model with recurrent cells only the compute ops are quantized (NNCF's and
-    ``ort-conv``), the cells' weights int8 (``edgeopt.recurrent``)."""
+    ``ort-conv``), the cells' weights int8 (``edgeopt.recurrent``). ``held_out``: evaluation samples; the
+    candidates' fidelity is judged on its first ``CHOICE_SAMPLES`` (else on the last calibration samples, which
+    flatter the static candidates calibrated on them: on PP-OCR cls both scored 0.999999 there, 0.9925 and
+    0.9999 held out). ``cosine_floor``: the quality gate's cosine, when cosine is what it judges: a candidate
+    that reaches it beats fusable ones that do not (:func:`contenders`)."""
     prepared = normalise(model, feeds=calibration.samples[0])
     recurrent = recurrent_float and has_onnx_cells(prepared.model)
     if backends is None:
@@ -181,21 +191,24 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
         except Exception as exc:  # a backend that cannot handle the graph: the other one may
             built.append(Built(name, error=first_line(exc)[:300]))
     with tempfile.TemporaryDirectory() as tmp:
-        fp32_session, sessions = _open(prepared.model, built, calibration, Path(tmp))
+        judged, judged_on = ((held_out.samples[:CHOICE_SAMPLES], f"the first {CHOICE_SAMPLES} evaluation samples")
+                             if held_out is not None and len(held_out) else
+                             (calibration.samples[-CHOICE_SAMPLES:], f"the last {CHOICE_SAMPLES} calibration samples"))
+        fp32_session, sessions = _open(prepared.model, built, judged, Path(tmp))
         usable = [b for b in built if b.model is not None and b.error is None]
         if not usable:
             raise BadInputError("int8: no INT8 backend can quantize this ONNX model: "
                                 + "; ".join(f"{b.backend}: {b.error}" for b in built))
         for b in usable:
             b.unfused = unfused_share(b.model)
-        for b in contenders(usable):
+        for b in contenders(usable, cosine_floor):
             b.contender = True
-        rule = choose(usable)
-        feeds = calibration.samples[-CHOICE_SAMPLES:][0]
+        rule = choose(usable, cosine_floor)
+        feeds = judged[0]
         timed = race(fp32_session.bind(feeds), [sessions[b.backend].bind(feeds) for b in usable], usable, rule)
     chosen, reason = pick(usable, rule)
     return OnnxInt8(chosen.model, chosen.backend, prepared.steps, built, round(timed.p50_ms[0], 4), rule.backend,
-                    reason, len(timed.medians))
+                    reason, len(timed.medians), judged_on, cosine_floor)
 
 
 def default_backends(model, transformer: bool, recurrent: bool = False) -> tuple[str, ...]:
@@ -223,21 +236,28 @@ def conv_weight_share(model) -> float:
     return conv / total if total else 0.0
 
 
-def contenders(built: list[Built]) -> list[Built]:
+def contenders(built: list[Built], floor: float | None = None) -> list[Built]:
     """The candidates ONNX Runtime can fuse (all, if none) whose fidelity is within ``FIDELITY_TOLERANCE`` of
-    the best of them."""
+    the best of them. ``floor``: the quality gate's cosine; when no fusable candidate reaches it and others do,
+    those others are the pool (the fastest candidate that passes the gate, not the fastest that fails it: Silero
+    VAD's fusable compute-only graph 0.961 on its state output, NNCF's unfusable one 0.996 at 0.87x FP32) — if
+    it is not larger than ``FLOOR_SIZE_SLACK`` times the smallest of them (one that reaches the gate by leaving
+    weights float is not the INT8 artifact asked for)."""
     pool = [b for b in built if b.unfused <= MAX_UNFUSED] or built
+    if floor is not None and all(b.cosine < floor for b in pool):
+        smallest = min(b.bytes for b in pool)
+        pool = [b for b in built if b.cosine >= floor and b.bytes <= FLOOR_SIZE_SLACK * smallest] or pool
     best_cos = max(b.cosine for b in pool)
     return [b for b in pool if b.cosine >= best_cos - FIDELITY_TOLERANCE]
 
 
-def choose(built: list[Built]) -> Built:
+def choose(built: list[Built], floor: float | None = None) -> Built:
     """The deterministic rule: the first of ``PREFERRED`` that contends (``ort-hybrid``: the dynamic recipe with
     the Convs fused too; ``ANCHOR``: quantize_static's recipe, so that edgeopt's default is what a user gets from
     ONNX Runtime's own quantizer); else the best fidelity (cosine to 4 decimals), then fewest unfused ops, then
     ``ORDER``. Not size: every candidate stores int8 weights, their files differ by a few percent. The other
-    contenders win only by decisive measured speed (:func:`pick`)."""
-    pool = contenders(built)
+    contenders win only by decisive measured speed (:func:`pick`). ``floor``: as :func:`contenders`."""
+    pool = contenders(built, floor)
     for preferred in PREFERRED:
         for b in pool:
             if b.backend == preferred:
@@ -274,8 +294,10 @@ def pick(built: list[Built], rule: Built) -> tuple[Built, str]:
         return best, (f"decisively faster: p50 {ratio:.2f}x of {rule.backend}'s ({COVERAGE:.0%} interval "
                       f"{low:.2f}-{high:.2f}x, below {1 - DECISIVE:g}), fidelity within {FIDELITY_TOLERANCE} of the "
                       f"best (a choice by speed on this host: onnx_backend = \"{best.backend}\" pins it)")
+    unfusable_on_purpose = rule.unfused > MAX_UNFUSED and any(b.unfused <= MAX_UNFUSED for b in built)
     alone = ("the only usable candidate" if len(built) == 1 else
-             "the only contender (the others are not fusable or not within the fidelity tolerance)")
+             "the fusable candidates miss the quality gate's cosine and this one reaches it" if unfusable_on_purpose
+             else "the only contender (the others are not fusable or not within the fidelity tolerance)")
     default = (f"{ANCHOR} (quantize_static's recipe) contends" if rule.backend == ANCHOR else
                f"{rule.backend} (Convs static, MatMuls dynamic) contends" if rule.backend == HYBRID_BACKEND else
                "fusable, best fidelity, then fewest unfused ops, backend order")
@@ -667,7 +689,7 @@ def fold_weight_quantizers(model) -> int:
     return folded
 
 
-def _open(fp32_model, built: list[Built], calibration: SampleSet, folder: Path):
+def _open(fp32_model, built: list[Built], samples: list[dict], folder: Path):
     """Save the FP32 model and each candidate under ``folder``, open them in ONNX Runtime, fill each candidate's
     size and fidelity; return the FP32 model's session and the candidates' by backend. A candidate ONNX Runtime
     refuses gets an error and is out."""
@@ -676,7 +698,6 @@ def _open(fp32_model, built: list[Built], calibration: SampleSet, folder: Path):
     from edgeopt.device.runtime import open_session
 
     settings = settings_for("onnxruntime")
-    samples = calibration.samples[-CHOICE_SAMPLES:]
     onnx.save(fp32_model, str(folder / "fp32.onnx"))
     reference_session = open_session(folder / "fp32.onnx", settings)
     reference = [reference_session.infer(s) for s in samples]

@@ -65,11 +65,20 @@ def int8(model: WorkingModel, ctx: PassContext, config: Int8Config) -> None:
                                nncf_options=onnx_options, ignored=list(config.ignored_scope or []),
                                transformer=quantized.transformer, ffn_down_float=quantized.ffn_down_float,
                                recurrent_float=config.recurrent_float,
-                               backends=None if config.onnx_backend == "auto" else (config.onnx_backend,))
+                               backends=None if config.onnx_backend == "auto" else (config.onnx_backend,),
+                               held_out=ctx.evaluation, cosine_floor=_cosine_floor(ctx))
         model.graphs["onnx"] = picked.model
         model.decisions["onnx_int8"] = picked.describe()
         model.notes.append(f"onnx int8: {picked.backend} backend, {picked.reason} "
                            f"({', '.join(_summary(c) for c in picked.candidates)}; FP32 p50 {picked.fp32_p50_ms} ms)")
+
+
+def _cosine_floor(ctx: PassContext) -> float | None:
+    """The quality gate's cosine when cosine is what it judges the ONNX artifact by (no task metric, no labels)."""
+    gate, held_out = ctx.gate, ctx.evaluation
+    if gate is None or gate.metric is not None or (held_out is not None and held_out.labels is not None):
+        return None
+    return gate.min_cosine
 
 
 @dataclass
