@@ -1,13 +1,13 @@
-"""How well the one-pass screen of edgeopt.sensitivity orders quantized operations, against the exact probe of
-every one (each kept alone in float and judged), on trained models — and what each costs, in one run.
+"""How well the screen of edgeopt.sensitivity orders quantized operations, against the exact probe of every one
+(each kept alone in float and judged), on trained models — and what each costs, in one run.
 
     .venv/bin/python bench/sensitivity_screen.py [--only minilm-l6,ppocr-det] [--calib 64] [--eval 32]
                                                  [--min-cosine 0.997] [--json out.json]
 
 Per model (data and loading as bench/repair.py): plain INT8 (the int8 step, weights under FakeQuantize), the
 ranking samples the repair uses (the evaluation samples INT8 gets most wrong), then ``analyse`` with every group
-probed (``probe_share=1``: the full ranking, the anchor). From the same run: the screen's order (noise added, and
-output SQNR) against the probe's; the overlap of the probe's top k with the screen's top ``n`` (the groups the
+probed (``probe_share=1``: the full ranking, the anchor). From the same run: the screen's orders (the gain in the
+switched model, on the worst ``SCREEN_SAMPLES`` of them; the noise added; the output SQNR) against the probe's; the overlap of the probe's top k with the screen's top ``n`` (the groups the
 repair's default ``probe_share`` would probe) and the rank correlation; the screen's time and the probes'.
 """
 
