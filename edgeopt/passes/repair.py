@@ -17,9 +17,9 @@ gate on the evaluation set (``edgeopt.judge``, the measures the pipeline's gate 
 7. ``float_islands``: beyond that share, where the device runs float in FP16/BF16 (the profile's inference
    precision or its fp16 precision; on the host without a target) — the same bisection up to every operation.
 
-Whenever plain INT8 misses the gate the report says why: the sensitivity ranking (a one-pass screen of every
-quantized operation, the exact keep-it-alone-in-float probe for the worst by the screen) runs once — on plain INT8's model
-when a rung before ``float_ops`` passes (the diagnosis, after the passing model is found), else on the closest
+Whenever plain INT8 misses the gate the report says why: the sensitivity ranking (a screen of every quantized
+operation in one compiled model, the exact keep-it-alone-in-float probe for the worst) runs once — on plain INT8's
+model when a rung before ``float_ops`` passes (the diagnosis, after the passing model is found), else on the closest
 model of the ladder, the one ``float_ops`` reverts operations of — and ``float_reason`` says which operations were
 left in float (possibly none) and why.
 
@@ -53,7 +53,7 @@ class Int8RepairConfig(StepConfig):
     ``ranking_samples``: evaluation samples the sensitivity analysis runs on (those the INT8 model gets most
     wrong, as NNCF's accuracy control ranks; so few because each probed operation costs one model compile and one
     pass over them: the bisection on the ranking then judges every evaluation sample); ``probe_share``: the
-    quantized operations probed exactly, the worst by the one-pass screen (at least ``max_float_share``'s; 1.0
+    quantized operations probed exactly, the worst by the screen (at least ``max_float_share``'s; 1.0
     probes all); ``recalibrate``: calibrate the float_ops rung's result again with its operations in NNCF's
     ignored scope, for a one-step recipe (a different model, judged again: one more calibration)."""
 
@@ -182,7 +182,7 @@ def int8_repair(model: WorkingModel, ctx: PassContext, config: Int8RepairConfig)
         repair.float_reason = (f"the {k} most sensitive of {len(ranked)} ranked groups ({len(operations(k))} of "
                                f"{total} quantized operations, {share}) of rung {best[2]}'s model: the fewest, by "
                                "bisection on the ranking, whose reverted model passes the gate; each one's gain is "
-                               "what keeping it alone in float recovered (none: ranked by the screen only)")
+                               "what keeping it alone in float recovered (null: ranked by the screen only)")
         if config.recalibrate:  # the same operations in NNCF's ignored scope: one int8 step reproduces that
             verdict, quantized, step = attempt(f"{rung} k={k}", {**params, "ignored_scope": operations(k)})
             if verdict.passed:
@@ -270,7 +270,8 @@ def _island_precision(target) -> str | None:
 def _float_op(op) -> dict:
     return {"name": op.name, "label": op.label, "op_type": op.op_type, "operations": list(op.operations),
             "probed": op.probed, "gain": op.gain, "score": op.score, "sqnr_db": op.sqnr_db,
-            "screen_gain": op.screen_gain, "screen_noise_db": op.screen_noise_db, "range_ratio": op.range_ratio, "clipped": op.clipped}
+            "screen_gain": op.screen_gain, "screen_noise_db": op.screen_noise_db, "range_ratio": op.range_ratio,
+            "clipped": op.clipped}
 
 
 def _finish(model: WorkingModel, repair: Repair, rung: str | None, step: dict | None, ov_model, note: str,
