@@ -158,12 +158,20 @@ def table(results: list[dict]) -> str:
         if decision and decision["sensitivity"]:
             sensitivity = decision["sensitivity"]
             lines.append(f"    ranking of the {sensitivity['model']} model ({len(sensitivity['ranked'])} groups of "
-                         f"{sensitivity['quantized_ops']} quantized operations, {sensitivity['samples']} samples): "
+                         f"{sensitivity['quantized_ops']} quantized operations, {sensitivity['samples']} samples; "
+                         f"screen {sensitivity['screen_seconds']:.1f} s, {sensitivity['probed']} probed): "
                          f"{sensitivity['seconds']:.1f} s of the repair's {decision['seconds']:.1f} s; worst: " + "; ".join(
-                             f"{op['name']} ({op['op_type']}, gain {op['gain']:+.4f})" for op in sensitivity["ranked"][:3]))
+                             _op(op) for op in sensitivity["ranked"][:3]))
             lines.append(f"    in float: {decision['float_reason']}" + "".join(
-                f"\n      {op['name']} ({op['op_type']}, gain {op['gain']:+.4f})" for op in decision["float_ops"]))
+                f"\n      {_op(op)}" for op in decision["float_ops"]))
+            if decision["no_recipe"]:
+                lines.append(f"    no one-step recipe: {decision['no_recipe']}")
     return "\n".join(lines)
+
+
+def _op(op: dict) -> str:
+    gain = "screened only" if op["gain"] is None else f"gain {op['gain']:+.4f}"
+    return f"{op['label']} ({op['op_type']}, {gain}, adds noise at {op['screen_noise_db']} dB)"
 
 
 def main() -> int:

@@ -60,7 +60,11 @@ class Judge:
                                          gated=gate.outputs, metric=gate.metric, targets=samples.targets)
 
     def __call__(self, ov_model, name: str = "candidate") -> Verdict:
-        outputs = all_outputs(compiled_predictor(ov_model), self.samples, self.reference_outputs.names)
+        return self.judge_predictor(compiled_predictor(ov_model), name)
+
+    def judge_predictor(self, predict, name: str = "candidate") -> Verdict:
+        """The verdict on ``predict(feeds) -> [outputs]`` (a compiled candidate, in the model's output order)."""
+        outputs = all_outputs(predict, self.samples, self.reference_outputs.names)
         quality = measure_outputs(name, outputs, self.samples.labels, self.reference_outputs,
                                   gated=self.gate.outputs, token_ids=self.token_ids, metric=self.gate.metric,
                                   targets=self.samples.targets)

@@ -52,6 +52,44 @@ def test_sensitivity_puts_the_planted_outlier_layer_first(outlier_data):
     assert all(0 <= op.clipped < 1 for op in result.ranked)
 
 
+def test_the_screen_ranks_every_operation_in_one_compile_and_only_the_worst_are_probed(outlier_data):
+    """The screen (every group switched to float in one compiled model emulating the INT8 one; each operation's
+    output SQNR and added noise in one pass, on the samples INT8 gets most wrong) finds the planted layer; only the
+    groups it puts worst, covering ``probe_share`` of the quantized operations, are kept alone in float in the
+    INT8 model and judged, and the screen's figure is what that probe measures."""
+    from edgeopt.data import load_samples
+    from edgeopt.evaluate import QualityGate
+    from edgeopt.formats import FORMATS
+    from edgeopt.passes.quantize import Int8Config, quantize_openvino
+    from edgeopt.sensitivity import CAP_DB, SCREEN_SAMPLES, analyse
+    from edgeopt.source import load_model
+
+    source = load_model(OUTLIER_MODEL, {})
+    fp32 = FORMATS["openvino"].from_torch(source.torch_module, source.example_input, source.input_names,
+                                          source.output_names)
+    evaluation = load_samples(outlier_data[1], source.inputs)
+    int8 = quantize_openvino(fp32, None, load_samples(outlier_data[0], source.inputs), Int8Config(),
+                             compress_weights=False).model
+    result = analyse(fp32, int8, evaluation, QualityGate(), source.output_names, probe_share=0.25)
+    first, *others = result.ranked
+    assert result.probed == 1 and first.probed and not any(op.probed for op in others)
+    assert PLANTED in first.name and first.gain > 0 and first.score >= 0.99 > result.int8_score
+    assert all(op.gain is None and op.score is None and op.sqnr_db is None for op in others)
+    # the screen measures every group: the planted one recovers the most, and adds the most noise, by far
+    assert first.screen_gain > 10 * max(op.screen_gain for op in others)
+    assert [op.screen_gain for op in others] == sorted((op.screen_gain for op in others), reverse=True)
+    assert first.screen_noise_db + 10 < min(op.screen_noise_db for op in others)
+    assert first.screen_sqnr_db <= min(op.screen_sqnr_db for op in others)
+    assert all(op.screen_noise_db <= CAP_DB for op in result.ranked)
+    assert 0 < result.screen_seconds <= result.seconds
+    # probing every group on as many samples as the screen runs on: the same order, and the screen's gain is the
+    # probe's (INT8 emulated in f32)
+    full = analyse(fp32, int8, evaluation.pick(list(range(SCREEN_SAMPLES))), QualityGate(), source.output_names)
+    assert full.probed == len(full.ranked) == 4 and full.ranked[0].name == first.name
+    assert [op.name for op in full.ranked] == [op.name for op in sorted(full.ranked, key=lambda o: -o.screen_gain)]
+    assert all(abs(op.screen_gain - op.gain) <= 0.01 * first.gain for op in full.ranked)
+
+
 def test_the_ranking_subset_is_the_samples_int8_gets_most_wrong(outlier_data):
     """As NNCF's accuracy control ranks: the sensitivity runs on the evaluation samples with the lowest cosine of
     any gated output under INT8; asking for at least every sample keeps the set."""
@@ -100,7 +138,19 @@ def test_repair_passes_the_gate_names_the_ops_and_reproduces_in_one_step(cli, ou
     assert PLANTED in result.output and "int8 repair: passed at rung" in result.output  # the CLI table
     page = (out / "repair.html").read_text()
     assert "Worst layers" in page and "data:image/png;base64," in page and PLANTED in page
-    # the recipe beside the artifact redoes it in one int8 step, byte for byte
+    # the reverted model is kept without a new calibration: no int8 step makes it, and the report says so
+    assert not any(r["rung"] == f"{repair['passed_rung']} k=1" for r in repair["rungs"])
+    assert repair["recipe"] is None and "rerun int8_repair" in repair["no_recipe"]
+    assert not (out / "recipe.toml").exists()
+    # recalibrate = true calibrates it again with the operation in NNCF's ignored scope: one int8 step redoes that
+    asked = tmp_path / "recalibrate.toml"
+    asked.write_text('[[step]]\nname = "int8_repair"\nrecalibrate = true\n')
+    out = tmp_path / "recalibrated"
+    result = cli("compress", OUTLIER_MODEL, "--calib", calib, "--eval", evaluation, "--recipe", asked,
+                 "--format", "openvino", "--out", out, "--quiet")
+    assert result.exit_code == 0, result.output
+    repair = json.loads((out / "report.json").read_text())["decisions"]["int8_repair"]
+    assert repair["rungs"][-1]["rung"] == f"{repair['passed_rung']} k=1" and repair["no_recipe"] is None
     recipe = tomllib.loads((out / "recipe.toml").read_text())
     assert [s["name"] for s in recipe["step"]] == ["int8"]
     assert any(PLANTED in name for name in recipe["step"][0]["ignored_scope"])

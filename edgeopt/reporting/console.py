@@ -96,20 +96,25 @@ def print_repair(repair: dict, out: Console, count: int = 10) -> None:
     if sensitivity:
         kept = {op["name"] for op in repair["float_ops"]}
         table = Table(title=f"why INT8 lost accuracy: most sensitive of {sensitivity['quantized_ops']} quantized "
-                            f"operations of the {sensitivity['model']} model (each kept alone in float; INT8 "
-                            f"{sensitivity['measure']} {sensitivity['int8_score']:.4f}; {sensitivity['seconds']:.1f} s)",
+                            f"operations of the {sensitivity['model']} model (each switched to float in one "
+                            f"emulating model, gain in brackets; the worst {sensitivity['probed']} kept alone in "
+                            f"float in the INT8 model; INT8 {sensitivity['measure']} "
+                            f"{sensitivity['int8_score']:.4f}; {sensitivity['seconds']:.1f} s)",
                       box=box.SIMPLE_HEAD, pad_edge=False)
-        for column in ("#", "operation", "type", "gain", "worst SQNR dB", "range ratio", "clipped", "float"):
+        for column in ("#", "operation", "type", "gain", "worst SQNR dB", "added noise dB", "range ratio", "clipped",
+                       "float"):
             table.add_column(column, no_wrap=column == "operation")
         for rank, op in enumerate(sensitivity["ranked"][:count], 1):
-            table.add_row(str(rank), op["name"], op["op_type"], f"{op['gain']:+.4f}",
+            table.add_row(str(rank), op["label"], op["op_type"],
+                          f"({op['screen_gain']:+.4f})" if op["gain"] is None else f"{op['gain']:+.4f}",
                           f"{min(op['sqnr_db'].values()):.1f}" if op["sqnr_db"] else "-",
+                          "-" if op["screen_noise_db"] is None else f"{op['screen_noise_db']:.1f}",
                           "-" if op["range_ratio"] is None else f"{op['range_ratio']:.3g}",
                           "-" if op["clipped"] is None else f"{op['clipped']:.2%}", "yes" if op["name"] in kept else "")
         Console(highlight=False, width=max(out.width, 130)).print(table)
     out.print(f"int8 repair: {'passed at rung ' + repair['passed_rung'] if repair['passed_rung'] else 'no rung passed'}"
               f", {len(repair['float_ops'])} operation(s) in float ({repair['float_share']:.1%}); one-step recipe: "
-              f"{repair['recipe'] or 'none (the recalibrated model missed the gate)'}")
+              f"{repair['recipe'] or 'none (' + (repair['no_recipe'] or 'no rung passed') + ')'}")
     if repair["float_reason"]:
         out.print(f"in float: {repair['float_reason']}")
 

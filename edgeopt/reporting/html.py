@@ -81,10 +81,11 @@ def render_repair(repair: dict, chart: bytes | None) -> str:
     parts += ["<h2>Operations left in float</h2>", f"<p>{escape(repair['float_reason'])}</p>"]
     if repair["float_ops"]:
         parts += [_plain_table(
-            ["rank", "operation", "type", "gain", "SQNR dB", "range ratio", "clipped"],
-            [[str(op["rank"]), op["name"], op["op_type"], f"{op['gain']:.4g}",
-              ", ".join(f"{v:.1f}" for v in op["sqnr_db"].values()), _figure(op["range_ratio"]),
-              _figure(op["clipped"])] for op in repair["float_ops"]])]
+            ["rank", "operation", "type", "gain", "SQNR dB", "added noise dB", "range ratio", "clipped"],
+            [[str(op["rank"]), _operation(op), op["op_type"], _figure(op["gain"]),
+              ", ".join(f"{v:.1f}" for v in (op["sqnr_db"] or {}).values()) or "screened",
+              _figure(op["screen_noise_db"]), _figure(op["range_ratio"]), _figure(op["clipped"])]
+             for op in repair["float_ops"]])]
     if chart:
         data = base64.b64encode(chart).decode("ascii")
         parts.append(f"<h2>Worst layers: why INT8 lost accuracy</h2><figure><img alt='worst layers' src='data:image/png;base64,{data}'>"
@@ -92,9 +93,12 @@ def render_repair(repair: dict, chart: bytes | None) -> str:
     sensitivity = repair.get("sensitivity")
     if sensitivity:
         parts += [f"<h2>Sensitivity ({escape(sensitivity['method'])})</h2>", _plain_table(
-            ["operation", "type", sensitivity["measure"], "gain", "range ratio", "clipped"],
-            [[op["name"], op["op_type"], f"{op['score']:.4g}", f"{op['gain']:.4g}", _figure(op["range_ratio"]),
-              _figure(op["clipped"])] for op in sensitivity["ranked"]])]
+            ["operation", "type", sensitivity["measure"], "gain", "screen gain", "output SQNR dB", "added noise dB",
+             "range ratio", "clipped"],
+            [[_operation(op), op["op_type"], _figure(op["score"]) if op["probed"] else "screened only",
+              _figure(op["gain"]), _figure(op["screen_gain"]), _figure(op["screen_sqnr_db"]),
+              _figure(op["screen_noise_db"]),
+              _figure(op["range_ratio"]), _figure(op["clipped"])] for op in sensitivity["ranked"]])]
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
@@ -103,6 +107,11 @@ def _plain_table(headers: list[str], rows: list[list[str]]) -> str:
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(_cell(c) for c in row) + "</tr>" for row in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _operation(op: dict) -> str:
+    """An operation's readable label, with the graph's name where they differ."""
+    return op["name"] if op["label"] == op["name"] else f"{op['label']} ({op['name']})"
 
 
 def _figure(value: float | None) -> str:

@@ -81,19 +81,20 @@ def worst_layers(repair: dict, count: int = 15) -> bytes | None:
     """Horizontal bars: the ``count`` most sensitive quantized operations of an ``int8_repair`` decision, by how
     much keeping each alone in float recovers the gate's figure; operations the repair left in float in green."""
     sensitivity = repair.get("sensitivity")
-    if not sensitivity or not sensitivity["ranked"]:
+    if not sensitivity or not sensitivity["probed"]:
         return None
     plt = _pyplot()
-    ranked = sensitivity["ranked"][:count][::-1]  # most sensitive at the top
+    ranked = [op for op in sensitivity["ranked"] if op["probed"]][:count][::-1]  # most sensitive at the top
     kept = {op["name"] for op in repair["float_ops"]}
     fig, ax = plt.subplots(figsize=(9, 0.32 * len(ranked) + 1.6))
-    ax.barh([textwrap.shorten(op["name"], 60, placeholder="…") for op in ranked], [op["gain"] for op in ranked],
+    ax.barh([textwrap.shorten(op["label"], 60, placeholder="…") for op in ranked], [op["gain"] for op in ranked],
             color=[_COLOURS["chosen"] if op["name"] in kept else "#8c959f" for op in ranked])
     for y, op in enumerate(ranked):
         ratio = f", range ×{op['range_ratio']:.3g}" if op["range_ratio"] is not None else ""
         ax.annotate(f" {op['op_type']}{ratio}", (max(op["gain"], 0), y), va="center", fontsize=7)
     ax.set_xlabel(f"{sensitivity['measure']} recovered by keeping only this operation in float "
-                  f"(INT8: {sensitivity['int8_score']:.4g}; {sensitivity['samples']} samples)", fontsize=8)
+                  f"(INT8: {sensitivity['int8_score']:.4g}; {sensitivity['samples']} samples; the worst "
+                  f"{sensitivity['probed']} of {len(sensitivity['ranked'])} by the one-pass screen)", fontsize=8)
     ax.tick_params(axis="y", labelsize=7)
     kept_note = ("green: kept in float by the repair" if kept
                  else f"none kept in float: passed at rung {repair['passed_rung']}" if repair["passed_rung"]
