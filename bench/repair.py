@@ -49,16 +49,10 @@ def run_model(entry, work: Path, calib_count: int, eval_count: int, min_cosine: 
     from edgeopt.api import compress
     from edgeopt.evaluate import QualityGate
     from edgeopt.sensitivity import quantized_op_count
-    from edgeopt.source import load_model
 
     import openvino as ov
 
-    spec = conformance.model_spec(entry, work)
-    shapes = {k: tuple(v) for k, v in entry.shapes.items()}
-    source = load_model(spec, shapes)
-    calib, held = work / "calib.npz", work / "eval.npz"
-    np.savez(calib, **conformance.make_data(source.inputs, calib_count, 0, entry.text))
-    np.savez(held, **conformance.make_data(source.inputs, eval_count, 1, entry.text))
+    spec, shapes, source, calib, held = prepare(entry, work, calib_count, eval_count)
     rows = {}
     for recipe in RECIPES:
         load = os.getloadavg()[0]
@@ -82,7 +76,7 @@ def run_model(entry, work: Path, calib_count: int, eval_count: int, min_cosine: 
     from edgeopt.data import load_samples
     from edgeopt.passes.quantize import Int8Config, quantize_openvino
 
-    start_of_ac = quantize_openvino(_fp32_of(source) if source.kind == "torch" else ov.convert_model(spec), None,
+    start_of_ac = quantize_openvino(fp32_model(spec, source), None,
                                     load_samples(calib, source.inputs),
                                     Int8Config(preset="performance", model_type="default"))
     starts = {"int8": rows["int8"]["quantized_ops"], "int8_ac": quantized_op_count(start_of_ac.model)}
@@ -97,8 +91,7 @@ def run_model(entry, work: Path, calib_count: int, eval_count: int, min_cosine: 
             row["float_ops"] = starts[recipe] - row["quantized_ops"]
             row["float_share"] = row["float_ops"] / starts[recipe] if starts[recipe] else 0.0
     fp32 = work / "fp32.xml"
-    ov.save_model(ov.convert_model(str(spec)) if spec.endswith(".onnx") else _fp32_of(source), str(fp32),
-                  compress_to_fp16=False)
+    ov.save_model(fp32_model(spec, source), str(fp32), compress_to_fp16=False)
     p50 = _p50s({"fp32": fp32, **{r: Path(rows[r]["path"]) for r in RECIPES}},
                 conformance.split(np.load(held), 1)[0])
     for recipe in RECIPES:
@@ -107,9 +100,28 @@ def run_model(entry, work: Path, calib_count: int, eval_count: int, min_cosine: 
             "fp32_p50_ms": p50["fp32"], "rows": rows}
 
 
-def _fp32_of(source):
+def prepare(entry, work: Path, calib_count: int, eval_count: int):
+    """The entry's model loaded and its calibration and held-out data written under ``work``:
+    (spec, input shapes, source, calibration file, held-out file)."""
+    from edgeopt.source import load_model
+
+    spec = conformance.model_spec(entry, work)
+    shapes = {k: tuple(v) for k, v in entry.shapes.items()}
+    source = load_model(spec, shapes)
+    calib, held = work / "calib.npz", work / "eval.npz"
+    np.savez(calib, **conformance.make_data(source.inputs, calib_count, 0, entry.text))
+    np.savez(held, **conformance.make_data(source.inputs, eval_count, 1, entry.text))
+    return spec, shapes, source, calib, held
+
+
+def fp32_model(spec: str, source):
+    """The FP32 OpenVINO model of the entry: converted from its ONNX file, else from its PyTorch module."""
+    import openvino as ov
+
     from edgeopt.formats import FORMATS
 
+    if spec.endswith(".onnx"):
+        return ov.convert_model(spec)
     return FORMATS["openvino"].from_torch(source.torch_module, source.example_input, source.input_names,
                                           source.output_names)
 

@@ -26,28 +26,19 @@ sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(BENCH.parent))
 
 import conformance  # noqa: E402  (the corpus, its wheels and data)
+import repair  # noqa: E402  (the same models and data as the repair bench)
 
 
 def run_model(entry, work: Path, calib_count: int, eval_count: int, min_cosine: float) -> dict:
     from edgeopt.data import load_samples
     from edgeopt.evaluate import QualityGate
-    from edgeopt.formats import FORMATS
     from edgeopt.judge import Judge
     from edgeopt.passes.quantize import Int8Config, quantize_openvino
     from edgeopt.passes.repair import Int8RepairConfig
-    from edgeopt.sensitivity import analyse
-    from edgeopt.source import load_model
+    from edgeopt.sensitivity import analyse, probe_count
 
-    import openvino as ov
-
-    spec = conformance.model_spec(entry, work)
-    shapes = {k: tuple(v) for k, v in entry.shapes.items()}
-    source = load_model(spec, shapes)
-    calib, held = work / "calib.npz", work / "eval.npz"
-    np.savez(calib, **conformance.make_data(source.inputs, calib_count, 0, entry.text))
-    np.savez(held, **conformance.make_data(source.inputs, eval_count, 1, entry.text))
-    fp32 = ov.convert_model(spec) if spec.endswith(".onnx") else FORMATS["openvino"].from_torch(
-        source.torch_module, source.example_input, source.input_names, source.output_names)
+    spec, _, source, calib, held = repair.prepare(entry, work, calib_count, eval_count)
+    fp32 = repair.fp32_model(spec, source)
     config = Int8RepairConfig()
     int8 = quantize_openvino(fp32, source.model_type, load_samples(calib, source.inputs),
                              Int8Config(subset_size=config.subset_size), compress_weights=False).model
@@ -59,11 +50,9 @@ def run_model(entry, work: Path, calib_count: int, eval_count: int, min_cosine: 
     by_gain = sorted(full.ranked, key=lambda op: -op.screen_gain)
     by_noise = sorted(full.ranked, key=lambda op: (op.screen_noise_db is not None, op.screen_noise_db or 0))
     by_sqnr = sorted(full.ranked, key=lambda op: (op.screen_sqnr_db is not None, op.screen_sqnr_db or 0))
-    probed, covered = 0, 0  # how many groups the repair's default probe_share probes, in the screen's order
-    for op in by_gain:
-        if probed and covered >= max(config.probe_share, config.max_float_share) * full.quantized_ops:
-            break
-        probed, covered = probed + 1, covered + len(op.operations)
+    # how many groups the repair's default probe_share probes, in the screen's order
+    probed = probe_count([len(op.operations) for op in by_gain],
+                         max(config.probe_share, config.max_float_share) * full.quantized_ops)
     agreement = {}
     for name, order in (("switched gain", by_gain), ("added noise", by_noise), ("output sqnr", by_sqnr)):
         names = [op.name for op in order]

@@ -171,12 +171,8 @@ def analyse(fp32_model, quantized_model, samples: SampleSet, gate: QualityGate, 
     screen_seconds = time.perf_counter() - start
     ranges = _activation_ranges(fp32_model, quantized_model, samples)
     order = sorted(reverter.groups, key=lambda name: (-screen_gains[name], _noise_order(screened[name])))
-    probes, covered = [], 0
-    for name in order:
-        if probes and covered >= probe_share * reverter.quantized_ops:
-            break
-        probes.append(name)
-        covered += len(reverter.groups[name].operations)
+    probes = order[:probe_count([len(reverter.groups[name].operations) for name in order],
+                                probe_share * reverter.quantized_ops)]
     measured = {}
     for name in (probes if quiet else track(probes, description="Sensitivity per operation")):
         measured[name] = judge(reverter.keep_in_float([name]), name)
@@ -277,6 +273,17 @@ class Switches:
         values = np.array([1.0 if name in names else 0.0 for name in self.names], dtype=np.float32)
         predict = predictor(self.compiled)
         return lambda feeds: predict({**feeds, self.SWITCH: values})
+
+
+def probe_count(sizes: list[int], budget: float) -> int:
+    """How many groups, in ranking order (``sizes``: their operation counts), the exact probe takes: until they
+    cover ``budget`` operations, at least one."""
+    count = covered = 0
+    for size in sizes:
+        if count and covered >= budget:
+            break
+        count, covered = count + 1, covered + size
+    return count
 
 
 def _output_noise(fp32_model, quantized_model, groups: dict,

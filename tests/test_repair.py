@@ -26,20 +26,29 @@ def outlier_data(tmp_path_factory) -> tuple[Path, Path]:
     return folder / "calib.npz", folder / "eval.npz"
 
 
-def test_sensitivity_puts_the_planted_outlier_layer_first(outlier_data):
+@pytest.fixture
+def outlier_int8(outlier_data):
+    """The outlier CNN: (source, its FP32 OpenVINO model, the held-out samples, its INT8 model with the weights
+    still under FakeQuantize, as the sensitivity analysis takes it)."""
     from edgeopt.data import load_samples
-    from edgeopt.evaluate import QualityGate
     from edgeopt.formats import FORMATS
     from edgeopt.passes.quantize import Int8Config, quantize_openvino
-    from edgeopt.sensitivity import analyse
     from edgeopt.source import load_model
 
     source = load_model(OUTLIER_MODEL, {})
     fp32 = FORMATS["openvino"].from_torch(source.torch_module, source.example_input, source.input_names,
                                           source.output_names)
-    calib = load_samples(outlier_data[0], source.inputs)
     evaluation = load_samples(outlier_data[1], source.inputs)
-    int8 = quantize_openvino(fp32, None, calib, Int8Config(), compress_weights=False).model
+    int8 = quantize_openvino(fp32, None, load_samples(outlier_data[0], source.inputs), Int8Config(),
+                             compress_weights=False).model
+    return source, fp32, evaluation, int8
+
+
+def test_sensitivity_puts_the_planted_outlier_layer_first(outlier_int8):
+    from edgeopt.evaluate import QualityGate
+    from edgeopt.sensitivity import analyse
+
+    source, fp32, evaluation, int8 = outlier_int8
     result = analyse(fp32, int8, evaluation, QualityGate(), source.output_names)
     first, *others = result.ranked
     assert PLANTED in first.name and first.op_type == "Convolution"
@@ -52,24 +61,15 @@ def test_sensitivity_puts_the_planted_outlier_layer_first(outlier_data):
     assert all(0 <= op.clipped < 1 for op in result.ranked)
 
 
-def test_the_screen_ranks_every_operation_in_one_compile_and_only_the_worst_are_probed(outlier_data):
+def test_the_screen_ranks_every_operation_in_one_compile_and_only_the_worst_are_probed(outlier_int8):
     """The screen (every group switched to float in one compiled model emulating the INT8 one; each operation's
     output SQNR and added noise in one pass, on the samples INT8 gets most wrong) finds the planted layer; only the
     groups it puts worst, covering ``probe_share`` of the quantized operations, are kept alone in float in the
     INT8 model and judged, and the screen's figure is what that probe measures."""
-    from edgeopt.data import load_samples
     from edgeopt.evaluate import QualityGate
-    from edgeopt.formats import FORMATS
-    from edgeopt.passes.quantize import Int8Config, quantize_openvino
     from edgeopt.sensitivity import CAP_DB, SCREEN_SAMPLES, analyse
-    from edgeopt.source import load_model
 
-    source = load_model(OUTLIER_MODEL, {})
-    fp32 = FORMATS["openvino"].from_torch(source.torch_module, source.example_input, source.input_names,
-                                          source.output_names)
-    evaluation = load_samples(outlier_data[1], source.inputs)
-    int8 = quantize_openvino(fp32, None, load_samples(outlier_data[0], source.inputs), Int8Config(),
-                             compress_weights=False).model
+    source, fp32, evaluation, int8 = outlier_int8
     result = analyse(fp32, int8, evaluation, QualityGate(), source.output_names, probe_share=0.25)
     first, *others = result.ranked
     assert result.probed == 1 and first.probed and not any(op.probed for op in others)
@@ -90,22 +90,13 @@ def test_the_screen_ranks_every_operation_in_one_compile_and_only_the_worst_are_
     assert all(abs(op.screen_gain - op.gain) <= 0.01 * first.gain for op in full.ranked)
 
 
-def test_the_ranking_subset_is_the_samples_int8_gets_most_wrong(outlier_data):
+def test_the_ranking_subset_is_the_samples_int8_gets_most_wrong(outlier_int8):
     """As NNCF's accuracy control ranks: the sensitivity runs on the evaluation samples with the lowest cosine of
     any gated output under INT8; asking for at least every sample keeps the set."""
-    from edgeopt.data import load_samples
     from edgeopt.evaluate import QualityGate, sample_cosines
-    from edgeopt.formats import FORMATS
     from edgeopt.judge import Judge
-    from edgeopt.passes.quantize import Int8Config, quantize_openvino
-    from edgeopt.source import load_model
 
-    source = load_model(OUTLIER_MODEL, {})
-    fp32 = FORMATS["openvino"].from_torch(source.torch_module, source.example_input, source.input_names,
-                                          source.output_names)
-    evaluation = load_samples(outlier_data[1], source.inputs)
-    int8 = quantize_openvino(fp32, None, load_samples(outlier_data[0], source.inputs), Int8Config(),
-                             compress_weights=False).model
+    source, fp32, evaluation, int8 = outlier_int8
     judge = Judge(fp32, evaluation, QualityGate(), source.output_names)
     verdict = judge(int8)
     cosines = sample_cosines(verdict.outputs.values[0], judge.reference_outputs.values[0])
