@@ -30,6 +30,11 @@ candidate's size, p50 (with interval), fidelity and why the winner won. Measured
 threads): the former fidelity-first rule kept ``ort-conv`` (cosine 0.978, ORT p50 0.85x FP32) where
 quantize_static's output ran 0.79x (cosine 0.970).
 
+A CNN gets one more candidate, ``WEIGHTS_ONLY`` (:func:`edgeopt.passes.onnx_weights_only.weights_only`): int8
+weights that ONNX Runtime turns back into float when the session loads, float compute. It is near-lossless by
+construction, so it sets no fidelity bar and is never the rule's pick; it wins only where decisively faster:
+small models on which ONNX Runtime's int8 kernels cost more than they save (PP-OCR's classifier).
+
 Transformers get ONNX Runtime's dynamic quantization instead of its static QDQ (:func:`_ort_dynamic`; ONNX
 Runtime's documentation recommends it for transformers on CPU): weights int8 per channel, each MatMul's input
 quantized on every call with its own range, which ONNX Runtime fuses into DynamicQuantizeMatMul; embedding
@@ -60,6 +65,7 @@ from edgeopt.data import SampleSet
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.model_type import ffn_down_projections
 from edgeopt.onnx_prep import normalise, tensor_readers
+from edgeopt.passes.onnx_weights_only import symmetric_int8, weights_only
 from edgeopt.recurrent import ONNX_CELLS, ONNX_WEIGHT_AXIS, ONNX_WEIGHT_INPUTS, has_onnx_cells
 from edgeopt.vs_fp32 import (BLOCK_S, COVERAGE, THREADS, Rounds, interleaved_rounds, median_interval,
                              settings_for)
@@ -69,7 +75,8 @@ MAX_UNFUSED = 0.1  # a graph with more than 10% of its quantized Conv/Gemm/MatMu
 FLOOR_SIZE_SLACK = 1.1  # a candidate reaching the gate where the fusable ones miss may be at most this much larger
 CHOICE_SAMPLES = 16  # samples the backends' fidelity is compared on (held-out ones when given)
 DECISIVE = 0.10  # a contender replaces the rule's pick only when its whole interval is this much faster
-BACKENDS = ("nncf", "ort", "ort-conv")  # built by default, in the rule's order
+WEIGHTS_ONLY = "weights-only"  # int8 weights, float compute (edgeopt.passes.onnx_weights_only): wins only by speed
+BACKENDS = ("nncf", "ort", "ort-conv", WEIGHTS_ONLY)  # built by default, in the rule's order
 ANCHOR = "ort"  # quantize_static's recipe: the rule's default whenever it contends
 TRANSFORMER_BACKENDS = ("nncf", "ort-dynamic")  # built by default for a transformer
 HYBRID_BACKEND = "ort-hybrid"  # added for a transformer whose Conv weights are a substantial share
@@ -141,7 +148,9 @@ class OnnxInt8:
                             f" (when none reaches the gate's cosine {self.cosine_floor:g}: those that do)")
                          + "; the rule picks the first of "
                          f"{', '.join(PREFERRED)} that contends ({ANCHOR}: quantize_static's recipe), else the best "
-                         f"fidelity (to 4 decimals), then fewest unfused ops, then the order {', '.join(ORDER)}; a "
+                         f"fidelity (to 4 decimals), then fewest unfused ops, then the order {', '.join(ORDER)} "
+                         f"({WEIGHTS_ONLY}, int8 weights and float compute, sets no fidelity bar and is never the "
+                         "rule's pick); a "
                          "contender replaces that pick only when decisively faster: its whole "
                          f"{COVERAGE:.0%} interval on p50 over the pick's below {1 - DECISIVE:g} (race: until no "
                          f"contender can be, at most {RACE_MAX_ROUNDS} rounds / {RACE_MAX_S:g} s)"),
@@ -154,7 +163,8 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
                   held_out: SampleSet | None = None, cosine_floor: float | None = None) -> OnnxInt8:
     """Normalise ``model`` and return the best INT8 model among ``backends``; a model no backend can quantize
     is a one-line ``BadInputError`` naming what stopped them. ``backends``: by default NNCF's, ONNX Runtime's
-    static QDQ (``ort``) and quantize_static with only Conv/ConvTranspose/Gemm/MatMul quantized (``ort-conv``);
+    static QDQ (``ort``), quantize_static with only Conv/ConvTranspose/Gemm/MatMul quantized (``ort-conv``) and
+    int8 weights with float compute (``WEIGHTS_ONLY``);
     for a transformer NNCF's and ONNX Runtime's dynamic quantization (``ort-dynamic``), and where Conv weights are
     a substantial share (:func:`conv_weight_share`, at least ``HYBRID_CONV_SHARE``: a CNN backbone with attention
     blocks, such as SVTR) the per-block recipe ``ort-hybrid`` too (:func:`_ort_hybrid`). ``ignored``: node names
@@ -179,7 +189,8 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
                 "ort": lambda m: _ort(m, calibration, subset_size, keep),
                 "ort-conv": lambda m: _ort(m, calibration, subset_size, keep, ops=COMPUTE_OPS),
                 "ort-dynamic": lambda m: _ort_dynamic(m, keep),
-                HYBRID_BACKEND: lambda m: _ort_hybrid(m, calibration, subset_size, keep)}
+                HYBRID_BACKEND: lambda m: _ort_hybrid(m, calibration, subset_size, keep),
+                WEIGHTS_ONLY: lambda m: weights_only(m, calibration, subset_size, keep)}
     built = []
     for name in backends:
         try:
@@ -242,13 +253,17 @@ def contenders(built: list[Built], floor: float | None = None) -> list[Built]:
     those others are the pool (the fastest candidate that passes the gate, not the fastest that fails it: Silero
     VAD's fusable compute-only graph 0.961 on its state output, NNCF's unfusable one 0.996 at 0.87x FP32) — if
     it is not larger than ``FLOOR_SIZE_SLACK`` times the smallest of them (one that reaches the gate by leaving
-    weights float is not the INT8 artifact asked for)."""
-    pool = [b for b in built if b.unfused <= MAX_UNFUSED] or built
+    weights float is not the INT8 artifact asked for). ``WEIGHTS_ONLY`` (float compute, so near-lossless) takes no
+    part in setting the bar: it contends beside the int8-compute candidates that reach it, to win by speed."""
+    computed = [b for b in built if b.backend != WEIGHTS_ONLY] or built
+    pool = [b for b in computed if b.unfused <= MAX_UNFUSED] or computed
     if floor is not None and all(b.cosine < floor for b in pool):
         smallest = min(b.bytes for b in pool)
-        pool = [b for b in built if b.cosine >= floor and b.bytes <= FLOOR_SIZE_SLACK * smallest] or pool
+        pool = [b for b in computed if b.cosine >= floor and b.bytes <= FLOOR_SIZE_SLACK * smallest] or pool
     best_cos = max(b.cosine for b in pool)
-    return [b for b in pool if b.cosine >= best_cos - FIDELITY_TOLERANCE]
+    pooled = {id(b) for b in pool}
+    return [b for b in built if (id(b) in pooled or b.backend == WEIGHTS_ONLY)
+            and b.cosine >= best_cos - FIDELITY_TOLERANCE]
 
 
 def choose(built: list[Built], floor: float | None = None) -> Built:
@@ -256,8 +271,10 @@ def choose(built: list[Built], floor: float | None = None) -> Built:
     the Convs fused too; ``ANCHOR``: quantize_static's recipe, so that edgeopt's default is what a user gets from
     ONNX Runtime's own quantizer); else the best fidelity (cosine to 4 decimals), then fewest unfused ops, then
     ``ORDER``. Not size: every candidate stores int8 weights, their files differ by a few percent. The other
-    contenders win only by decisive measured speed (:func:`pick`). ``floor``: as :func:`contenders`."""
+    contenders, and ``WEIGHTS_ONLY`` always, win only by decisive measured speed (:func:`pick`). ``floor``: as
+    :func:`contenders`."""
     pool = contenders(built, floor)
+    pool = [b for b in pool if b.backend != WEIGHTS_ONLY] or pool
     for preferred in PREFERRED:
         for b in pool:
             if b.backend == preferred:
@@ -291,8 +308,10 @@ def pick(built: list[Built], rule: Built) -> tuple[Built, str]:
     if quicker:
         best = min(quicker, key=lambda b: b.vs_rule[0])
         ratio, low, high = best.vs_rule
-        return best, (f"decisively faster: p50 {ratio:.2f}x of {rule.backend}'s ({COVERAGE:.0%} interval "
-                      f"{low:.2f}-{high:.2f}x, below {1 - DECISIVE:g}), fidelity within {FIDELITY_TOLERANCE} of the "
+        float_compute = (" with int8 weights and float compute: ONNX Runtime's int8 kernels cost more than they "
+                         "save on this model" if best.backend == WEIGHTS_ONLY else "")
+        return best, (f"decisively faster{float_compute}: p50 {ratio:.2f}x of {rule.backend}'s "
+                      f"({COVERAGE:.0%} interval {low:.2f}-{high:.2f}x, below {1 - DECISIVE:g}), fidelity within {FIDELITY_TOLERANCE} of the "
                       f"best (a choice by speed on this host: onnx_backend = \"{best.backend}\" pins it)")
     unfusable_on_purpose = rule.unfused > MAX_UNFUSED and any(b.unfused <= MAX_UNFUSED for b in built)
     alone = ("the only usable candidate" if len(built) == 1 else
@@ -497,16 +516,6 @@ def quantize_weights(model, names: list[str], *, recurrent: bool = False) -> int
         if name not in users:
             graph.initializer.remove(inits[name])
     return len(done)
-
-
-def symmetric_int8(weight: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
-    """``weight`` as symmetric int8 with one float32 scale per index of ``axis`` (max |w| / 127): (values,
-    scales)."""
-    reduce = tuple(i for i in range(weight.ndim) if i != axis)
-    scale = np.maximum(np.abs(weight).max(axis=reduce), 1e-12).astype(np.float32) / 127.0
-    shape = [1] * weight.ndim
-    shape[axis] = -1
-    return np.clip(np.rint(weight / scale.reshape(shape)), -127, 127).astype(np.int8), scale
 
 
 def compute_nodes(model, ops: tuple[str, ...] = COMPUTE_OPS) -> list[str]:

@@ -178,7 +178,7 @@ def per_axis_scales(model) -> list[str]:
     import numpy as np
     from onnx import helper, numpy_helper
 
-    from edgeopt.passes.onnx_int8 import symmetric_int8
+    from edgeopt.passes.onnx_weights_only import symmetric_int8
 
     inits = {init.name: init for init in model.graph.initializer}
     redone = []

@@ -1,0 +1,145 @@
+"""The ONNX candidate with int8 weights and float compute (edgeopt.passes.onnx_weights_only), with real ONNX
+Runtime: the rebuilt weights fold when a session loads, bias correction cancels the rounding's mean shift, and the
+choice takes the candidate only by decisive speed."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from edgeopt.data import SampleSet
+from edgeopt.passes.onnx_weights_only import symmetric_int8, weights_only
+
+
+def _conv_gemm(rng, bias: bool = True):
+    """Two 3x3 Convs (the second depthwise, without bias), a 1x1 Conv and a Gemm on 1x8x16x16; inputs offset from
+    zero so that weight rounding shifts the outputs' means."""
+    shapes = {"c1": (16, 8, 3, 3), "c2": (16, 1, 3, 3), "c3": (32, 16, 1, 1), "fc": (10, 32)}
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.2).astype(np.float32), n) for n, s in shapes.items()]
+    inits += [numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "b1"),
+              numpy_helper.from_array(rng.standard_normal(10).astype(np.float32), "bfc")]
+    nodes = [helper.make_node("Conv", ["x", "c1", "b1"] if bias else ["x", "c1"], ["h1"], name="conv1", pads=[1] * 4),
+             helper.make_node("Relu", ["h1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "c2"], ["h2"], name="dw", group=16, pads=[1] * 4),
+             helper.make_node("Conv", ["h2", "c3"], ["h3"], name="pw"),
+             helper.make_node("GlobalAveragePool", ["h3"], ["p"]),
+             helper.make_node("Flatten", ["p"], ["f"]),
+             helper.make_node("Gemm", ["f", "fc", "bfc"], ["y"], name="fc", transB=1)]
+    graph = helper.make_graph(nodes, "net", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+@pytest.fixture(scope="module")
+def net():
+    rng = np.random.default_rng(0)
+    samples = [{"x": (rng.standard_normal((1, 8, 16, 16)) + 1.5).astype(np.float32)} for _ in range(16)]
+    return _conv_gemm(rng), SampleSet(samples, None, "test")
+
+
+def _run(model, samples, optimised=None):
+    options = ort.SessionOptions()
+    if optimised is not None:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        options.optimized_model_filepath = str(optimised)
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return np.concatenate([session.run(None, s)[0] for s in samples])
+
+
+def test_weights_are_stored_int8_and_folded_back_to_float_when_onnx_runtime_loads(net, tmp_path):
+    model, calibration = net
+    stored = weights_only(model, calibration, 16, [])
+    inits = {i.name: i for i in stored.graph.initializer}
+    kinds = [n.op_type for n in stored.graph.node]
+    assert "DequantizeLinear" not in kinds and kinds.count("Cast") == 4  # four weights, each Cast and Mul
+    for node in (n for n in stored.graph.node if n.op_type in ("Conv", "Gemm")):
+        assert node.input[1] not in inits  # computed from the int8 initializer, not a float one
+    int8 = [i for i in stored.graph.initializer if i.data_type == TensorProto.INT8]
+    assert sorted(tuple(i.dims) for i in int8) == sorted([(16, 8, 3, 3), (16, 1, 3, 3), (32, 16, 1, 1), (10, 32)])
+    # ONNX Runtime folds Cast and Mul of constants when the session loads: float Conv/Gemm on float weights, the
+    # same ops as the FP32 model's optimised graph (a DequantizeLinear would stay and run on every call).
+    _run(stored, calibration.samples[:1], tmp_path / "stored.opt.onnx")
+    _run(model, calibration.samples[:1], tmp_path / "fp32.opt.onnx")
+    kinds = {name: sorted(n.op_type for n in onnx.load(str(tmp_path / f"{name}.opt.onnx")).graph.node)
+             for name in ("stored", "fp32")}
+    assert kinds["stored"] == kinds["fp32"] and "Cast" not in kinds["stored"]
+    got, want = _run(stored, calibration.samples), _run(model, calibration.samples)
+    cosine = float((got * want).sum() / np.linalg.norm(got) / np.linalg.norm(want))
+    assert cosine > 0.9999
+    assert len(stored.SerializeToString()) < 0.45 * len(model.SerializeToString())
+
+
+def test_bias_correction_cancels_the_mean_shift_of_rounding(net):
+    """One layer stored int8 at a time: on the calibration samples its mean output error is the rounding's shift
+    minus the estimate, zero (to float rounding) for the unpadded 1x1 Conv and the Gemm, whose outputs are linear
+    in their input's mean; uncorrected int8 weights shift them by ``naive``."""
+    model, calibration = net
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    layers = {"pw": ("h2", "h3", "c3"), "fc": ("f", "y", "fc")}  # node: input, output, weight
+    names = [n.name for n in model.graph.node if n.name]
+    for node, (source, output, weight) in layers.items():
+        stored = weights_only(model, calibration, 16, [n for n in names if n != node])
+        probed = []
+        for m in (model, stored):
+            m = onnx.ModelProto.FromString(m.SerializeToString())
+            m.graph.output.extend([helper.make_tensor_value_info(t, TensorProto.FLOAT, None) for t in (source, output)])
+            probed.append(ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]))
+        inputs, errors = [], []
+        for sample in calibration.samples:
+            x, want = probed[0].run([source, output], sample)
+            errors.append(probed[1].run([output], sample)[0] - want)
+            inputs.append(x)
+        channel_means = lambda arrays: np.mean([a.mean(axis=tuple(i for i in range(a.ndim) if i != 1))  # noqa
+                                                for a in arrays], axis=0)
+        w = inits[weight].reshape(inits[weight].shape[0], -1)
+        values, scale = symmetric_int8(w, 0)
+        naive = (values * scale[:, None] - w) @ channel_means(inputs)
+        shift = channel_means(errors)
+        assert np.abs(naive).max() > 1e-4 and np.abs(shift).max() < 0.02 * np.abs(naive).max(), (node, shift, naive)
+
+
+def test_a_conv_without_bias_gets_one_and_weights_too_small_to_pay_stay_float():
+    rng = np.random.default_rng(1)
+    model = _conv_gemm(rng, bias=False)
+    samples = SampleSet([{"x": rng.standard_normal((1, 8, 16, 16)).astype(np.float32)} for _ in range(4)], None, "t")
+    stored = weights_only(model, samples, 4, ["fc"])  # an ignored node keeps its weight
+    nodes = {n.name: n for n in stored.graph.node if n.name}
+    assert len(nodes["conv1"].input) == 3 and nodes["fc"].input[1] == "fc"
+    tiny = helper.make_model(helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"])], "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4, 4])],
+        [numpy_helper.from_array(np.ones((2, 2, 1, 1), np.float32), "w")]))
+    with pytest.raises(ValueError, match="makes the file smaller"):  # 16 bytes: int8, scales and nodes cost more
+        weights_only(tiny, samples, 4, [])
+
+
+def test_weights_only_wins_only_by_decisive_speed_and_never_sets_the_fidelity_bar():
+    """Near-lossless by construction, the float-compute candidate would otherwise push every int8-compute one out
+    of the fidelity tolerance: it is judged against their best, never the rule's pick, and chosen only when
+    decisively faster (PP-OCR's classifier: 0.44x of quantize_static's graph)."""
+    from edgeopt.passes.onnx_int8 import WEIGHTS_ONLY, Built, choose, contenders, pick
+
+    def built(vs_rule):
+        candidates = [Built("nncf", model=object(), cosine=0.962, unfused=0.0),
+                      Built("ort", model=object(), cosine=0.958, unfused=0.0),
+                      Built(WEIGHTS_ONLY, model=object(), cosine=0.99999, unfused=0.0, vs_rule=vs_rule)]
+        for b in contenders(candidates):
+            b.contender = True
+        return candidates
+
+    tie = built((0.95, 0.91, 0.99))
+    assert all(b.contender for b in tie)  # the int8-compute candidates still contend
+    rule = choose(tie)
+    assert rule.backend == "ort" and pick(tie, rule)[0] is rule
+    quicker = built((0.44, 0.41, 0.47))
+    chosen, reason = pick(quicker, choose(quicker))
+    assert chosen.backend == WEIGHTS_ONLY and "float compute" in reason and f'"{WEIGHTS_ONLY}" pins it' in reason
+    alone = [Built(WEIGHTS_ONLY, model=object(), cosine=0.9999, unfused=0.0)]
+    assert choose(alone).backend == WEIGHTS_ONLY  # pinned: the only candidate
+    worse = built(None)
+    worse[2].cosine = 0.90  # below the int8-compute candidates' tolerance: out
+    assert WEIGHTS_ONLY not in {b.backend for b in contenders(worse)}
