@@ -171,3 +171,41 @@ def test_hard_swish_is_one_op_from_opset_14_and_two_below(opset, ops):
     assert [n.op_type for n in model.graph.node] == ops + ops
     got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+class SamePadded(nn.Module):
+    """"Same" padding of stride-2 layers as transformers' EfficientNet exports it: ``ZeroPad2d`` then a Conv
+    with ``padding="valid"`` (auto_pad VALID in the graph), one with its own padding too, and an average pool
+    that counts the padding; a MaxPool's zero Pad stays (its own pads are -inf, not zeros)."""
+
+    def __init__(self):
+        super().__init__()
+        self.pad = nn.ZeroPad2d((0, 1, 0, 1))
+        self.conv = nn.Conv2d(4, 8, 3, stride=2, padding="valid")
+        self.padded = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        x = self.conv(self.pad(x))
+        x = self.padded(nn.functional.pad(x, (1, 1, 0, 2)))
+        x = nn.functional.avg_pool2d(nn.functional.pad(x, (1, 1, 1, 1)), 3, stride=1)
+        return nn.functional.max_pool2d(nn.functional.pad(x, (1, 0, 1, 0)), 2)
+
+
+@pytest.mark.parametrize("opset", [11, 17])
+def test_zero_pads_fold_into_the_conv_or_average_pool_after_them(opset, tmp_path):
+    torch.manual_seed(0)
+    path = tmp_path / "padded.onnx"
+    with torch.no_grad():
+        torch.onnx.export(SamePadded().eval(), (torch.zeros(1, 4, 15, 15),), str(path), dynamo=False,
+                          opset_version=opset, input_names=["x"])
+    original = onnx.load(str(path))
+    assert [n.op_type for n in original.graph.node].count("Pad") == 4
+    result = normalise(original)
+    ops = [n.op_type for n in result.model.graph.node]
+    assert ops.count("Pad") == 1 and "3 zero Pad(s) folded into the Conv or pool after them" in result.steps
+    pads = {n.op_type + str(i): [a for a in n.attribute if a.name in ("pads", "auto_pad")]
+            for i, n in enumerate(result.model.graph.node) if n.op_type in ("Conv", "AveragePool")}
+    assert all(len(attrs) == 1 and attrs[0].name == "pads" for attrs in pads.values()), pads
+    samples = [{"x": np.random.default_rng(i).standard_normal((1, 4, 15, 15)).astype(np.float32)} for i in range(3)]
+    for got, want in zip(_outputs(result.model, samples), _outputs(original, samples)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
