@@ -51,6 +51,9 @@ def normalise(model, *, optimise: bool = True, feeds: dict | None = None, simpli
     moved = constants_to_initializers(model)
     if moved:
         result.steps.append(f"{moved} Constant node(s) moved to initializers")
+    dropped = initializer_inputs(model)
+    if dropped:
+        result.steps.append(f"{dropped} initializer(s) no longer listed as graph inputs (IR 3): constants")
     opset = default_opset(model)
     original = model
     if opset < MIN_OPSET:
@@ -152,6 +155,25 @@ def constants_to_initializers(model) -> int:
         del graph.node[:]
         graph.node.extend(keep)
     return moved
+
+
+def initializer_inputs(model) -> int:
+    """Drop from the main graph's inputs the names its initializers hold: exporters of IR version 3 list every
+    weight as an input too, which ONNX Runtime then treats as a value the caller may override (not a constant:
+    no folding, no fusion) and which quantizers leave alone. The IR version is raised to 4 (initializers
+    without inputs) where lower. Returns how many inputs were dropped."""
+    graph = model.graph
+    held = {init.name for init in graph.initializer}
+    kept = [i for i in graph.input if i.name not in held]
+    dropped = len(graph.input) - len(kept)
+    if dropped:
+        copies = [type(i)() for i in kept]
+        for copy, value in zip(copies, kept):
+            copy.CopyFrom(value)
+        del graph.input[:]
+        graph.input.extend(copies)
+        model.ir_version = max(model.ir_version, 4)
+    return dropped
 
 
 def _ort_basic_optimise(model) -> tuple[object, str, str]:
@@ -355,7 +377,7 @@ def pin_inputs(model, values: dict[str, np.ndarray], shapes: dict[str, list[int]
     return None if error else pinned
 
 
-def _kept_names(graph) -> set[str]:
+def kept_names(graph) -> set[str]:
     """Tensors of ``graph`` a rewrite must keep: its outputs and what its subgraphs (``If``/``Loop`` bodies) read
     from the outer scope."""
     import onnx
@@ -421,7 +443,7 @@ def fold_conv_affine(model) -> int:
 
     graph = model.graph
     inits = {init.name: init for init in graph.initializer}
-    kept = _kept_names(graph)
+    kept = kept_names(graph)
     readers = tensor_readers(graph)
     removed, folded = set(), 0
     for conv in graph.node:
@@ -473,7 +495,7 @@ def fold_input_affine(model) -> int:
 
     graph = model.graph
     inits = {init.name: init for init in graph.initializer}
-    kept = _kept_names(graph)
+    kept = kept_names(graph)
     producer = {out: node for node in graph.node for out in node.output}
     readers = tensor_readers(graph)
     removed, folded = set(), 0
@@ -530,7 +552,7 @@ def fold_pads(model) -> int:
 
     graph = model.graph
     inits = {init.name: init for init in graph.initializer}
-    kept = _kept_names(graph)
+    kept = kept_names(graph)
     readers = tensor_readers(graph)
     removed = set()
 
@@ -608,7 +630,7 @@ def _replace_nodes(graph, nodes: list) -> None:
         kept.append(copy)
     del graph.node[:]
     graph.node.extend(kept)
-    used = {name for node in graph.node for name in node.input} | _kept_names(graph)
+    used = {name for node in graph.node for name in node.input} | kept_names(graph)
     for init in [init for init in graph.initializer if init.name not in used]:
         graph.initializer.remove(init)
     produced = {name for node in graph.node for name in node.output} | {i.name for i in graph.input}
@@ -622,7 +644,7 @@ def spelled_hard_swishes(model) -> list[tuple[str, list]]:
     last node's output being the hard-swish's."""
     graph = model.graph
     inits = {init.name: init for init in graph.initializer}
-    kept = _kept_names(graph)
+    kept = kept_names(graph)
     readers = tensor_readers(graph)
     found = []
 

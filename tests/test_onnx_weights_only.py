@@ -143,3 +143,99 @@ def test_weights_only_wins_only_by_decisive_speed_and_never_sets_the_fidelity_ba
     worse = built(None)
     worse[2].cosine = 0.90  # below the int8-compute candidates' tolerance: out
     assert WEIGHTS_ONLY not in {b.backend for b in contenders(worse)}
+
+
+def _model(nodes, inits, inputs=(("x", [1, 8, 6, 6]),), outputs=(("y", [1, 8, 6, 6]),), ir=None):
+    graph = helper.make_graph(nodes, "m", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    if ir is not None:
+        model.ir_version = ir
+    return model
+
+
+def test_shared_weights_colliding_names_and_weights_read_elsewhere():
+    """A weight two bias-less Convs share is stored once and each Conv gets a bias of its own; new names never
+    collide with existing ones; a weight a subgraph, an ignored node or the graph's inputs also read stays float
+    (an IR 3 file lists every weight as an input: normalise drops those, and the weights are constants again)."""
+    from edgeopt.onnx_prep import normalise
+
+    rng = np.random.default_rng(3)
+    weight = numpy_helper.from_array((rng.standard_normal((8, 8, 3, 3)) * 0.3).astype(np.float32), "W")
+    taken = numpy_helper.from_array(np.ones(1, np.float32), "W_w")  # what the rebuilt weight would be called
+    shared = _model([helper.make_node("Conv", ["x", "W"], ["a"], name="first", pads=[1] * 4),
+                     helper.make_node("Conv", ["a", "W"], ["b"], name="second", pads=[1] * 4),
+                     helper.make_node("Mul", ["b", "W_w"], ["y"])], [weight, taken])
+    samples = SampleSet([{"x": (rng.standard_normal((1, 8, 6, 6)) + 1).astype(np.float32)} for _ in range(4)],
+                        None, "t")
+    stored = weights_only(shared, samples, 4, [])
+    onnx.checker.check_model(stored)  # unique names, every input defined
+    convs = [n for n in stored.graph.node if n.op_type == "Conv"]
+    assert convs[0].input[1] == convs[1].input[1] != "W_w" and convs[0].input[2] != convs[1].input[2]
+    assert [n.op_type for n in stored.graph.node].count("Cast") == 1
+    got, want = _run(stored, samples.samples), _run(shared, samples.samples)
+    assert float((got * want).sum() / np.linalg.norm(got) / np.linalg.norm(want)) > 0.999
+    with pytest.raises(ValueError, match="read by other nodes"):
+        weights_only(shared, samples, 4, ["second"])  # one reader ignored: the weight stays float
+    legacy = _model([helper.make_node("Conv", ["x", "W"], ["y"], pads=[1] * 4)], [weight],
+                    inputs=(("x", [1, 8, 6, 6]), ("W", [8, 8, 3, 3])), ir=3)
+    with pytest.raises(ValueError, match="graph's inputs"):
+        weights_only(legacy, samples, 4, [])
+    normalised = normalise(legacy).model
+    assert [i.name for i in normalised.graph.input] == ["x"]
+    assert any(i.data_type == TensorProto.INT8 for i in weights_only(normalised, samples, 4, []).graph.initializer)
+
+
+def test_gemm_alpha_scales_the_correction():
+    rng = np.random.default_rng(4)
+    weight = numpy_helper.from_array((rng.standard_normal((64, 32)) * 0.3).astype(np.float32), "fc")
+    bias = numpy_helper.from_array(np.zeros(32, np.float32), "b")
+    model = _model([helper.make_node("Gemm", ["x", "fc", "b"], ["y"], alpha=0.05)], [weight, bias],
+                   inputs=(("x", [1, 64]),), outputs=(("y", [1, 32]),))
+    samples = [{"x": (rng.standard_normal((1, 64)) + 2).astype(np.float32)} for _ in range(8)]
+    stored = weights_only(model, SampleSet(samples, None, "t"), 8, [])
+    error = np.mean([a - b for a, b in zip(_run(stored, samples), _run(model, samples))], axis=0)
+    values, scale = symmetric_int8(numpy_helper.to_array(weight), 1)
+    naive = 0.05 * np.mean([s["x"][0] for s in samples], axis=0) @ (values * scale - numpy_helper.to_array(weight))
+    assert np.abs(error).max() < 0.02 * np.abs(naive).max()
+
+
+def test_the_gate_floor_binds_weights_only_too_and_the_reason_names_it_where_it_alone_reaches_the_gate():
+    from edgeopt.passes.onnx_int8 import WEIGHTS_ONLY, Built, choose, contenders, pick
+
+    def built(wo_cosine, conv_cosine=0.995):
+        candidates = [Built("ort", model=object(), bytes=100, cosine=0.96, unfused=0.0),
+                      Built("ort-conv", model=object(), bytes=104, cosine=conv_cosine, unfused=0.5),
+                      Built(WEIGHTS_ONLY, model=object(), bytes=105, cosine=wo_cosine, unfused=0.0,
+                            vs_rule=(0.6, 0.55, 0.65), p50_ratio=0.7)]
+        for b in contenders(candidates, 0.99):
+            b.contender = True
+        return candidates
+
+    below = built(0.986)  # faster, but under the gate that ort-conv reaches: out
+    assert not below[2].contender and pick(below, choose(below, 0.99), 0.99)[0].backend == "ort-conv"
+    above = built(0.9999)
+    assert pick(above, choose(above, 0.99), 0.99)[0].backend == WEIGHTS_ONLY
+    none = built(0.9999, conv_cosine=0.97)  # no int8-compute candidate reaches the gate
+    none[2].vs_rule = (0.97, 0.93, 1.01)  # not decisively faster: the rule's pick stays, and the reason says
+    chosen, reason = pick(none, choose(none, 0.99), 0.99)
+    assert chosen.backend != WEIGHTS_ONLY and f'misses the quality gate\'s cosine 0.99, which {WEIGHTS_ONLY}' in reason
+    assert f'onnx_backend = "{WEIGHTS_ONLY}" pins it' in reason
+
+
+@pytest.mark.parametrize("groups, out", [(8, 8), (8, 16), (2, 8)])  # depthwise, channel multiplier 2, two groups
+def test_grouped_conv_correction_matches_the_mean_shift(groups, out):
+    rng = np.random.default_rng(groups + out)
+    weight = (rng.standard_normal((out, 8 // groups, 3, 3)) * 0.3).astype(np.float32)
+    model = _model([helper.make_node("Conv", ["x", "W"], ["y"], group=groups)],
+                   [numpy_helper.from_array(weight, "W")], outputs=(("y", [1, out, 4, 4]),))
+    samples = [{"x": (rng.standard_normal((1, 8, 6, 6)) + np.arange(8).reshape(1, 8, 1, 1)).astype(np.float32)}
+               for _ in range(8)]
+    stored = weights_only(model, SampleSet(samples, None, "t"), 8, [])
+    got, want = _run(stored, samples), _run(model, samples)
+    shift = (got - want).mean(axis=(0, 2, 3))
+    values, scale = symmetric_int8(weight, 0)
+    error = (values * scale[:, None, None, None] - weight).sum(axis=(2, 3))  # [out, in per group]
+    means = np.mean([s["x"][0, :, 1:5, 1:5].mean(axis=(1, 2)) for s in samples], axis=0)  # what y's windows see
+    naive = (error * means.reshape(groups, -1)[np.arange(out) // (out // groups)]).sum(axis=1)
+    assert np.abs(naive).max() > 1e-3 and np.abs(shift).max() < 0.25 * np.abs(naive).max(), (shift, naive)

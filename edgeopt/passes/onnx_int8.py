@@ -217,7 +217,7 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
         rule = choose(usable, cosine_floor)
         feeds = judged[0]
         timed = race(fp32_session.bind(feeds), [sessions[b.backend].bind(feeds) for b in usable], usable, rule)
-    chosen, reason = pick(usable, rule)
+    chosen, reason = pick(usable, rule, cosine_floor)
     return OnnxInt8(chosen.model, chosen.backend, prepared.steps, built, round(timed.p50_ms[0], 4), rule.backend,
                     reason, len(timed.medians), judged_on, cosine_floor)
 
@@ -254,7 +254,9 @@ def contenders(built: list[Built], floor: float | None = None) -> list[Built]:
     VAD's fusable compute-only graph 0.961 on its state output, NNCF's unfusable one 0.996 at 0.87x FP32) — if
     it is not larger than ``FLOOR_SIZE_SLACK`` times the smallest of them (one that reaches the gate by leaving
     weights float is not the INT8 artifact asked for). ``WEIGHTS_ONLY`` (float compute, so near-lossless) takes no
-    part in setting the bar: it contends beside the int8-compute candidates that reach it, to win by speed."""
+    part in setting the bar: it contends beside the int8-compute candidates that reach it, to win by speed (and
+    reaches the gate's cosine too when they do). It is no rescue from the gate: the int8 step promises int8
+    compute, so where every int8-compute candidate misses the gate :func:`pick` only says that it reaches it."""
     computed = [b for b in built if b.backend != WEIGHTS_ONLY] or built
     pool = [b for b in computed if b.unfused <= MAX_UNFUSED] or computed
     if floor is not None and all(b.cosine < floor for b in pool):
@@ -262,8 +264,9 @@ def contenders(built: list[Built], floor: float | None = None) -> list[Built]:
         pool = [b for b in computed if b.cosine >= floor and b.bytes <= FLOOR_SIZE_SLACK * smallest] or pool
     best_cos = max(b.cosine for b in pool)
     pooled = {id(b) for b in pool}
-    return [b for b in built if (id(b) in pooled or b.backend == WEIGHTS_ONLY)
-            and b.cosine >= best_cos - FIDELITY_TOLERANCE]
+    reached = floor is not None and any(b.cosine >= floor for b in pool)  # then float compute must reach it too
+    return [b for b in built if b.cosine >= best_cos - FIDELITY_TOLERANCE and (
+        id(b) in pooled or (b.backend == WEIGHTS_ONLY and (not reached or b.cosine >= floor)))]
 
 
 def choose(built: list[Built], floor: float | None = None) -> Built:
@@ -300,16 +303,28 @@ def settled(interval: tuple[float, float]) -> bool:
     return interval[0] > 1.0 - DECISIVE
 
 
-def pick(built: list[Built], rule: Built) -> tuple[Built, str]:
+def pick(built: list[Built], rule: Built, floor: float | None = None) -> tuple[Built, str]:
     """The fastest (by median) contender decisively faster than the rule's pick (:func:`faster`), else the rule's
-    pick: (chosen, why, in words)."""
+    pick: (chosen, why, in words). ``floor``: the gate's cosine; where the choice misses it and ``WEIGHTS_ONLY``
+    reaches it, the reason says so and how to pin it."""
+    chosen, why = _pick(built, rule)
+    rescue = next((b for b in built if b.backend == WEIGHTS_ONLY and b.cosine is not None), None)
+    if floor is not None and chosen.cosine < floor and rescue is not None and rescue.cosine >= floor:
+        why += (f"; it misses the quality gate's cosine {floor:g}, which {WEIGHTS_ONLY} (int8 weights, float "
+                f"compute) reaches ({rescue.cosine:.4f}, p50 {rescue.p50_ratio}x FP32's): onnx_backend = "
+                f"\"{WEIGHTS_ONLY}\" pins it")
+    return chosen, why
+
+
+def _pick(built: list[Built], rule: Built) -> tuple[Built, str]:
     others = [b for b in built if b.contender and b is not rule and b.vs_rule is not None]
     quicker = [b for b in others if faster(b.vs_rule)]
     if quicker:
         best = min(quicker, key=lambda b: b.vs_rule[0])
         ratio, low, high = best.vs_rule
-        float_compute = (" with int8 weights and float compute: ONNX Runtime's int8 kernels cost more than they "
-                         "save on this model" if best.backend == WEIGHTS_ONLY else "")
+        float_compute = (" with int8 weights and float compute (float weights in memory once loaded): ONNX "
+                         "Runtime's int8 kernels cost more than they save on this model"
+                         if best.backend == WEIGHTS_ONLY else "")
         return best, (f"decisively faster{float_compute}: p50 {ratio:.2f}x of {rule.backend}'s "
                       f"({COVERAGE:.0%} interval {low:.2f}-{high:.2f}x, below {1 - DECISIVE:g}), fidelity within {FIDELITY_TOLERANCE} of the "
                       f"best (a choice by speed on this host: onnx_backend = \"{best.backend}\" pins it)")

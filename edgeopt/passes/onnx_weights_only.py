@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgeopt.data import SampleSet
+from edgeopt.onnx_prep import kept_names, tensor_readers
 
 WEIGHT_OPS = ("Conv", "Gemm", "MatMul")  # ops whose constant input 1 is stored int8
 BIASED_OPS = ("Conv", "Gemm")  # of those, the ones whose bias absorbs the rounding's mean shift
@@ -35,60 +36,98 @@ def weights_only(model, calibration: SampleSet, subset_size: int, ignored: list[
     symmetric per-output-channel int8 behind ``Cast`` to float and ``Mul`` by its scales, activations float;
     each Conv's and Gemm's bias corrected for the mean shift its weight's rounding causes on the first
     ``subset_size`` calibration samples (:func:`_input_means`; NNCF's fast bias correction does the same for its
-    int8 layers). Measured on PP-OCR's classifier (16 held-out crops): worst output's cosine to FP32 0.99983
-    uncorrected, 0.99999 corrected (quantize_static's fully int8 graph 0.9999)."""
+    int8 layers). A weight is stored so only where it shrinks the file and every reader is such a node (not a
+    graph input or output, nor read by an ignored node or a subgraph). Measured on PP-OCR's classifier (16
+    held-out crops): worst output's cosine to FP32 0.99983 uncorrected, 0.99999 corrected (quantize_static's
+    fully int8 graph 0.9999)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     model = onnx.ModelProto.FromString(model.SerializeToString())
     graph = model.graph
     inits = {init.name: init for init in graph.initializer}
+    readers = tensor_readers(graph)
+    fixed = kept_names(graph) | {i.name for i in graph.input}
     skip = set(ignored)
-    targets = {index for index, n in enumerate(graph.node) if n.op_type in WEIGHT_OPS and n.name not in skip
-               and len(n.input) > 1 and n.input[1] in inits and _worth_storing(n, inits[n.input[1]])}
-    if not targets:
-        raise ValueError("no Conv/Gemm/MatMul weight whose int8 form makes the file smaller")
-    readers: dict[str, int] = {}
+
+    def storable(weight: str) -> bool:
+        users = readers.get(weight, [])
+        if weight not in inits or weight in fixed or not users:
+            return False
+        if any(u.op_type not in WEIGHT_OPS or u.name in skip or list(u.input).index(weight) != 1
+               or list(u.input).count(weight) != 1 for u in users):
+            return False
+        axes = {_output_axis(u, len(inits[weight].dims)) for u in users}
+        return len(axes) == 1 and _worth_storing(users[0], inits[weight])
+
+    weights = sorted({n.input[1] for n in graph.node if n.op_type in WEIGHT_OPS and len(n.input) > 1
+                      and storable(n.input[1])})
+    if not weights:
+        raise ValueError("no Conv/Gemm/MatMul weight to store as int8: none makes the file smaller, or each is "
+                         "read by other nodes, a subgraph or the graph's inputs or outputs too")
+    names = _UniqueNames(model)
+    corrected = [n for w in weights for n in readers[w] if n.op_type in BIASED_OPS]
+    means = _input_means(model, {n.input[0]: 1 if n.op_type == "Conv" else -1 for n in corrected},
+                         calibration.samples[:subset_size])
+    rebuilt = {}
+    for weight_name in weights:
+        weight = numpy_helper.to_array(inits[weight_name]).astype(np.float32)
+        axis = _output_axis(readers[weight_name][0], weight.ndim)
+        values, scale = symmetric_int8(weight, axis)
+        shape = [1] * weight.ndim
+        shape[axis] = -1
+        scale = scale.reshape(shape)
+        for node in readers[weight_name]:
+            if node.op_type in BIASED_OPS and node.input[0] in means:
+                _correct_bias(node, graph, inits, readers, values * scale - weight, means[node.input[0]], names)
+        # short names and unnamed nodes: on a 0.5 MB model names are ~5% of the file
+        rebuilt[weight_name] = stored, scales, cast, output = [names.fresh(f"{weight_name}_{s}") for s in "qsfw"]
+        graph.initializer.extend([numpy_helper.from_array(values, stored), numpy_helper.from_array(scale, scales)])
+        graph.initializer.remove(inits[weight_name])
+    nodes, done = [], set()
     for node in graph.node:
-        for name in node.input:
-            readers[name] = readers.get(name, 0) + 1
-    corrected = {graph.node[i].input[0]: (1 if graph.node[i].op_type == "Conv" else -1) for i in targets
-                 if graph.node[i].op_type in BIASED_OPS}
-    means = _input_means(model, corrected, calibration.samples[:subset_size])
-    stored: dict[str, str] = {}  # float weight -> its float rebuilt from int8
-    nodes = []
-    for index, node in enumerate(graph.node):
-        if index in targets:
-            weight_name = node.input[1]
-            weight = numpy_helper.to_array(inits[weight_name]).astype(np.float32)
-            axis = _output_axis(node, weight.ndim)
-            values, scale = symmetric_int8(weight, axis)
-            shape = [1] * weight.ndim
-            shape[axis] = -1
-            scale = scale.reshape(shape)
-            if node.input[0] in means:
-                _correct_bias(node, graph, inits, readers, values * scale - weight, means[node.input[0]])
-            if weight_name not in stored:  # short names and unnamed nodes: on a 0.5 MB model they are ~5% of it
-                stored[weight_name] = f"{weight_name}_w"
-                graph.initializer.extend([numpy_helper.from_array(values, f"{weight_name}_q"),
-                                          numpy_helper.from_array(scale, f"{weight_name}_s")])
-                nodes.append(helper.make_node("Cast", [f"{weight_name}_q"], [f"{weight_name}_f"],
-                                              to=TensorProto.FLOAT))
-                nodes.append(helper.make_node("Mul", [f"{weight_name}_f", f"{weight_name}_s"],
-                                              [stored[weight_name]]))
-            node.input[1] = stored[weight_name]
+        if node.op_type in WEIGHT_OPS and len(node.input) > 1 and node.input[1] in rebuilt:
+            stored, scales, cast, output = rebuilt[node.input[1]]
+            if output not in done:  # once, before its first reader
+                nodes.append(helper.make_node("Cast", [stored], [cast], to=TensorProto.FLOAT))
+                nodes.append(helper.make_node("Mul", [cast, scales], [output]))
+                done.add(output)
+            node.input[1] = output
         nodes.append(node)
     copies = [onnx.NodeProto() for _ in nodes]
     for copy, node in zip(copies, nodes):
         copy.CopyFrom(node)
     del graph.node[:]
     graph.node.extend(copies)
-    users = {name for node in graph.node for name in node.input}
-    for name in stored:
-        if name not in users:
-            graph.initializer.remove(inits[name])
     del graph.value_info[:]  # the shapes normalisation inferred: runtimes infer them again, the file keeps less
     return model
+
+
+class _UniqueNames:
+    """Tensor names not yet used anywhere in a model (its graphs and subgraphs)."""
+
+    def __init__(self, model) -> None:
+        import onnx
+
+        self.used: set[str] = set()
+
+        def visit(graph) -> None:
+            self.used.update(i.name for i in graph.initializer)
+            self.used.update(v.name for v in (*graph.input, *graph.output, *graph.value_info))
+            for node in graph.node:
+                self.used.update(node.output)
+                for attr in node.attribute:
+                    for body in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else []) + list(attr.graphs):
+                        visit(body)
+
+        visit(model.graph)
+
+    def fresh(self, name: str) -> str:
+        candidate, count = name, 1
+        while candidate in self.used:
+            candidate, count = f"{name}{count}", count + 1
+        self.used.add(candidate)
+        return candidate
 
 
 def _worth_storing(node, weight) -> bool:
@@ -133,11 +172,12 @@ def _input_means(model, tensors: dict[str, int], samples: list[dict]) -> dict[st
     return {name: total / max(len(samples), 1) for name, total in sums.items()}
 
 
-def _correct_bias(node, graph, inits: dict, readers: dict, error: np.ndarray, mean: np.ndarray) -> None:
+def _correct_bias(node, graph, inits: dict, readers: dict, error: np.ndarray, mean: np.ndarray,
+                  names: _UniqueNames) -> None:
     """Subtract from ``node``'s bias the mean output shift its weight ``error`` causes on inputs of per-channel
-    ``mean`` (a Conv without bias gets one; a bias other nodes read too, a Gemm that scales or transposes its
-    input, and MatMul, which has no bias, are left as they are)."""
-    from onnx import numpy_helper
+    ``mean`` (a Conv without bias gets one; a bias other nodes read too, a Gemm with ``transA`` or ``beta`` other
+    than 1, and MatMul, which has no bias, are left as they are)."""
+    from onnx import helper, numpy_helper
 
     if node.op_type == "Conv":
         groups = next((a.i for a in node.attribute if a.name == "group"), 1)
@@ -145,25 +185,21 @@ def _correct_bias(node, graph, inits: dict, readers: dict, error: np.ndarray, me
         summed = error.reshape(error.shape[0], per_group_in, -1).sum(axis=2)  # [out, in per group]
         group_of_out = np.arange(error.shape[0]) // (error.shape[0] // groups)
         shift = (summed * mean.reshape(groups, per_group_in)[group_of_out]).sum(axis=1)
-    elif node.op_type == "Gemm":
-        attributes = {a.name: a for a in node.attribute}
-        if ("transA" in attributes and attributes["transA"].i) or ("beta" in attributes and attributes["beta"].f != 1):
+    else:  # Gemm: alpha * A @ B' + beta * C
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if attributes.get("transA", 0) or attributes.get("beta", 1.0) != 1.0:
             return
-        transposed = "transB" in attributes and attributes["transB"].i
-        shift = (error if transposed else error.T) @ mean
-    else:
-        return
+        shift = attributes.get("alpha", 1.0) * ((error if attributes.get("transB", 0) else error.T) @ mean)
     bias_name = node.input[2] if len(node.input) > 2 and node.input[2] else None
     if bias_name is None:
-        bias_name = f"{node.input[1]}_bias_corrected"
+        bias_name = names.fresh(f"{node.output[0]}_bias")
         graph.initializer.append(numpy_helper.from_array(np.zeros(shift.shape[0], np.float32), bias_name))
-        inits[bias_name] = graph.initializer[-1]
-        readers[bias_name] = 1
+        inits[bias_name], readers[bias_name] = graph.initializer[-1], [node]
         if len(node.input) > 2:
             node.input[2] = bias_name
         else:
             node.input.append(bias_name)
-    if bias_name not in inits or readers.get(bias_name, 0) != 1:
+    if bias_name not in inits or len(readers.get(bias_name, [])) != 1:
         return
     bias = numpy_helper.to_array(inits[bias_name]).astype(np.float64)
     if bias.shape != shift.shape:  # a broadcast Gemm bias
