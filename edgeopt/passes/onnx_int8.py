@@ -312,7 +312,7 @@ def pick(built: list[Built], rule: Built, floor: float | None = None) -> tuple[B
     rescue = next((b for b in built if b.backend == WEIGHTS_ONLY and b.cosine is not None), None)
     if floor is not None and chosen.cosine < floor and rescue is not None and rescue.cosine >= floor:
         why += (f"; it misses the quality gate's cosine {floor:g}, which {WEIGHTS_ONLY} (int8 weights, float "
-                f"compute) reaches ({rescue.cosine:.4f}, p50 {rescue.p50_ratio}x FP32's): onnx_backend = "
+                f"compute) reaches ({rescue.cosine:.4f}, p50 {rescue.p50_ratio:.2f}x FP32's): onnx_backend = "
                 f"\"{WEIGHTS_ONLY}\" pins it")
     return chosen, why
 
