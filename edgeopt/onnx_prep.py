@@ -236,6 +236,21 @@ def unsupported_nodes(model) -> list[tuple[str, str]]:
     return found
 
 
+QUANTIZED_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger",
+                 "QGemm", "QAttention", "MatMulNBits", "DynamicQuantizeMatMul", "DynamicQuantizeLSTM",
+                 "MatMulIntegerToFloat")  # and every QLinear* op
+
+
+def quantized_ops(model) -> dict[str, int]:
+    """How many of each quantized op ``model``'s main graph holds (QDQ pairs, ONNX Runtime's integer and QLinear
+    ops): non-empty for a model some quantizer already wrote."""
+    counts: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.op_type in QUANTIZED_OPS or node.op_type.startswith("QLinear"):
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return counts
+
+
 def describe_unsupported(path) -> str | None:
     """One line naming the first unsupported node and op of the ONNX file at ``path`` (None if every op is
     standard or the file cannot be read)."""

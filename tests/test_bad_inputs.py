@@ -116,3 +116,15 @@ def test_failed_run_keeps_the_previous_output(cli, tmp_path, tiny_onnx, tiny_cal
     np.savez(empty, input=np.zeros((0, 1, 8, 8), np.float32))
     assert cli("compress", tiny_onnx, "--calib", empty, "--out", out).exit_code == 2
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_an_already_quantized_onnx_model_is_refused_for_a_precision_step(cli, tmp_path, tiny_onnx, tiny_calib):
+    """A model ONNX Runtime's quantizer wrote (here dynamic int8: MatMulInteger) is no FP32 reference: exit 2,
+    one line naming what is quantized, nothing written."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantized = tmp_path / "int8.onnx"
+    quantize_dynamic(str(tiny_onnx), str(quantized), weight_type=QuantType.QInt8)
+    out = tmp_path / "out"
+    assert_clean_failure(cli("compress", quantized, "--calib", tiny_calib, "--out", out), out,
+                         mention="already quantized (")

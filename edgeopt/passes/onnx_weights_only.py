@@ -63,8 +63,7 @@ def weights_only(model, calibration: SampleSet, subset_size: int, ignored: list[
     weights = sorted({n.input[1] for n in graph.node if n.op_type in WEIGHT_OPS and len(n.input) > 1
                       and storable(n.input[1])})
     if not weights:
-        raise ValueError("no Conv/Gemm/MatMul weight to store as int8: none makes the file smaller, or each is "
-                         "read by other nodes, a subgraph or the graph's inputs or outputs too")
+        raise ValueError("no weight to store as int8 (none shrinks the file, or each is read elsewhere too)")
     names = _UniqueNames(model)
     corrected = [n for w in weights for n in readers[w] if n.op_type in BIASED_OPS]
     means = _input_means(model, {n.input[0]: 1 if n.op_type == "Conv" else -1 for n in corrected},
