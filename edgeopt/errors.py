@@ -53,8 +53,6 @@ def first_line(exc: BaseException, limit: int = 300) -> str:
         chosen = f"{chosen.rstrip(':').split('. Failed operations')[0]}: {key.lstrip('- ')}"
     elif chosen.endswith(":") and len(informative) > 1:  # a header line: say what follows
         chosen = f"{chosen} {informative[1]}"
-    if isinstance(exc, LookupError) and chosen == str(exc).strip():  # KeyError('140_scale'): say what it is
-        chosen = f"{type(exc).__name__} {chosen}"
     return chosen[:limit]
 
 

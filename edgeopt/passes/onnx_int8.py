@@ -203,7 +203,7 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
                 quantized = quantize_recurrent(quantized)
             built.append(Built(name, quantized))
         except Exception as exc:  # a backend that cannot handle the graph: the other one may
-            built.append(Built(name, error=first_line(exc)[:300]))
+            built.append(Built(name, error=f"{type(exc).__name__}: {first_line(exc)}"[:300]))
     with tempfile.TemporaryDirectory() as tmp:
         judged, judged_on = ((held_out.samples[:CHOICE_SAMPLES], f"the first {CHOICE_SAMPLES} evaluation samples")
                              if held_out is not None and len(held_out) else
