@@ -251,6 +251,29 @@ def quantized_ops(model) -> dict[str, int]:
     return counts
 
 
+def probe_tensors(model, names: list[str], samples: list[dict]):
+    """For each sample, the values of ``model``'s tensors ``names`` (by name) as ONNX Runtime computes them on
+    the CPU; graph inputs are read from the sample itself."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    inputs = {i.name for i in model.graph.input}
+    computed = sorted({name for name in names if name not in inputs})
+    session = None
+    if computed:
+        probe = onnx.ModelProto.FromString(model.SerializeToString())
+        del probe.graph.output[:]
+        probe.graph.output.extend([helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in computed])
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    for sample in samples:
+        values = dict(zip(computed, session.run(computed, {k: v for k, v in sample.items() if k in inputs})
+                          if session else []))
+        yield {name: values[name] if name in values else np.asarray(sample[name]) for name in names}
+
+
 def describe_unsupported(path) -> str | None:
     """One line naming the first unsupported node and op of the ONNX file at ``path`` (None if every op is
     standard or the file cannot be read)."""

@@ -552,3 +552,53 @@ def test_average_pool_wider_than_its_input_quantizes_faithfully():
     held = samples[16:]
     cosine = worst_output_cosine([got.run(None, s) for s in held], [want.run(None, s) for s in held])
     assert cosine >= 0.99
+
+
+def test_an_output_concat_of_mixed_ranges_stays_float(tmp_path):
+    """A YOLOv8-style head: boxes in pixels and class scores in [0, 1] concatenated into one output. One
+    activation scale on it erases the scores (quantize_static's graph: every score 0); edgeopt keeps that Concat
+    float, the scores survive, and the normalisation steps say so."""
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+    from edgeopt.data import SampleSet
+    from edgeopt.passes.onnx_int8 import mixed_range_outputs, quantize_onnx
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32), "w"),
+             numpy_helper.from_array((rng.standard_normal((4, 8, 1, 1)) * 0.3).astype(np.float32), "wb"),
+             numpy_helper.from_array((rng.standard_normal((2, 8, 1, 1)) * 0.3 - 0.5).astype(np.float32), "ws"),
+             numpy_helper.from_array(np.array(300.0, np.float32), "px")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["h"], pads=[1] * 4), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Conv", ["r", "wb"], ["b"]), helper.make_node("Sigmoid", ["b"], ["bs"]),
+             helper.make_node("Mul", ["bs", "px"], ["boxes"]), helper.make_node("Conv", ["r", "ws"], ["s"]),
+             helper.make_node("Sigmoid", ["s"], ["scores"]),
+             helper.make_node("Concat", ["boxes", "scores"], ["cat"], name="head", axis=1)]
+    graph = helper.make_graph(nodes, "head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("cat", TensorProto.FLOAT, [1, 6, 8, 8])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    samples = [{"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)} for _ in range(16)]
+    assert mixed_range_outputs(model, samples) == ["head"]
+
+    def score_cosine(quantized) -> float:
+        session = ort.InferenceSession(quantized.SerializeToString(), providers=["CPUExecutionProvider"])
+        reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        got = np.concatenate([session.run(None, s)[0][:, 4:] for s in samples]).ravel()
+        want = np.concatenate([reference.run(None, s)[0][:, 4:] for s in samples]).ravel()
+        return float(got @ want / (np.linalg.norm(got) * np.linalg.norm(want) + 1e-30))
+
+    class Reader:
+        def __init__(self):
+            self.items = iter(samples)
+
+        def get_next(self):
+            return next(self.items, None)
+
+    onnx.save(model, str(tmp_path / "fp32.onnx"))
+    quantize_static(str(tmp_path / "fp32.onnx"), str(tmp_path / "qs.onnx"), Reader(), quant_format=QuantFormat.QDQ,
+                    per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    result = quantize_onnx(model, SampleSet(samples, None, "test"), subset_size=16, nncf_options={},
+                           backends=("ort",))
+    assert score_cosine(onnx.load(str(tmp_path / "qs.onnx"))) < 0.5 < 0.99 < score_cosine(result.model)
+    assert any("output Concat(s)" in step and "head" in step for step in result.normalised)
+    producers = {o: n.op_type for n in result.model.graph.node for o in n.output}
+    assert producers["cat"] == "Concat"  # no QuantizeLinear/DequantizeLinear pair on the output

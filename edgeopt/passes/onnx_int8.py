@@ -65,7 +65,7 @@ import numpy as np
 from edgeopt.data import SampleSet
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.model_type import ffn_down_projections
-from edgeopt.onnx_prep import normalise, tensor_readers
+from edgeopt.onnx_prep import normalise, probe_tensors, tensor_readers
 from edgeopt.passes.onnx_weights_only import symmetric_int8, weights_only
 from edgeopt.recurrent import ONNX_CELLS, ONNX_WEIGHT_AXIS, ONNX_WEIGHT_INPUTS, has_onnx_cells
 from edgeopt.vs_fp32 import (BLOCK_S, COVERAGE, THREADS, Rounds, interleaved_rounds, median_interval,
@@ -87,6 +87,7 @@ RECURRENT_BACKENDS = ("nncf", "ort-conv")  # for a model with recurrent cells: t
 ORDER = BACKENDS + TRANSFORMER_BACKENDS[1:] + (HYBRID_BACKEND,)  # the rule's last tie-break
 COMPUTE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")  # what "ort-conv" quantizes (and their Relu/Clip)
 CONV_OPS = ("Conv", "ConvTranspose")  # what "ort-hybrid" quantizes statically (and their Relu/Clip)
+MIXED_RANGE = 16.0  # an output Concat whose inputs' ranges differ this much stays float (4+ bits of the smaller lost)
 RACE_MAX_ROUNDS, RACE_MAX_S = 16, 15.0  # the speed race stays cheap: it runs on every compress
 
 
@@ -183,7 +184,11 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
     if backends is None:
         backends = default_backends(prepared.model, transformer, recurrent)
     ffn = ffn_down_projections(onnx_model=prepared.model) if ffn_down_float else []
-    keep = list(ignored or []) + ffn
+    mixed = mixed_range_outputs(prepared.model, calibration.samples[:CHOICE_SAMPLES])
+    if mixed:
+        prepared.steps.append(f"{len(mixed)} output Concat(s) joining value ranges at least {MIXED_RANGE:g}x apart "
+                              f"kept float (one activation scale would erase the smaller part): {', '.join(mixed)}")
+    keep = list(ignored or []) + ffn + mixed
     if recurrent:  # only the compute ops quantized (edgeopt.recurrent)
         compute = set(compute_nodes(prepared.model))
         keep += [node.name for node in prepared.model.graph.node if node.name not in compute]
@@ -223,6 +228,34 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
     chosen, reason = pick(usable, rule, cosine_floor)
     return OnnxInt8(chosen.model, chosen.backend, prepared.steps, built, round(timed.p50_ms[0], 4), rule.backend,
                     reason, len(timed.medians), judged_on, cosine_floor)
+
+
+def mixed_range_outputs(model, samples: list[dict]) -> list[str]:
+    """Names of the Concat nodes writing a graph output from inputs whose ranges (max |x| over ``samples``) are
+    at least ``MIXED_RANGE`` apart (unnamed ones get a name). One activation scale on such an output erases the
+    smaller part: nudenet's YOLOv8 head joins boxes (0-320 px) and class scores (0-1) in ``output0``, and
+    quantize_static's graph put one uint8 scale of 1.25 on it, which zeroed every score below 0.63 while the
+    output's cosine to FP32 read 0.9995; with the Concat float, the score columns' cosine 0.000 -> 0.940."""
+    outputs = {o.name for o in model.graph.output}
+    concats = [n for n in model.graph.node if n.op_type == "Concat" and n.output[0] in outputs and len(n.input) > 1]
+    if not concats or not samples:
+        return []
+    inits = {init.name for init in model.graph.initializer}
+    names = sorted({name for n in concats for name in n.input if name and name not in inits})
+    peaks = dict.fromkeys(names, 0.0)
+    for values in probe_tensors(model, names, samples):
+        for name, value in values.items():
+            peaks[name] = max(peaks[name], float(np.abs(value).max()) if value.size else 0.0)
+    mixed = []
+    for index, node in enumerate(model.graph.node):
+        if node.op_type != "Concat" or node.output[0] not in outputs:
+            continue
+        ranges = [peaks[name] for name in node.input if name in peaks]
+        if len(ranges) > 1 and max(ranges) >= MIXED_RANGE * max(min(ranges), 1e-12):
+            if not node.name:
+                node.name = f"edgeopt_Concat_{index}"
+            mixed.append(node.name)
+    return mixed
 
 
 def default_backends(model, transformer: bool, recurrent: bool = False) -> tuple[str, ...]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgeopt.data import SampleSet
-from edgeopt.onnx_prep import kept_names, tensor_readers
+from edgeopt.onnx_prep import kept_names, probe_tensors, tensor_readers
 
 WEIGHT_OPS = ("Conv", "Gemm", "MatMul")  # ops whose constant input 1 is stored int8
 BIASED_OPS = ("Conv", "Gemm")  # of those, the ones whose bias absorbs the rounding's mean shift
@@ -148,23 +148,9 @@ def _output_axis(node, ndim: int) -> int:
 def _input_means(model, tensors: dict[str, int], samples: list[dict]) -> dict[str, np.ndarray]:
     """Each of ``tensors``' mean per channel (its value: the channel axis) over ``samples``, from the float model
     in ONNX Runtime."""
-    import onnx
-    import onnxruntime as ort
-    from onnx import helper
-
-    inputs = {i.name for i in model.graph.input}
-    names = sorted(name for name in tensors if name not in inputs)  # graph inputs: read from the samples
-    probe = onnx.ModelProto.FromString(model.SerializeToString())
-    del probe.graph.output[:]
-    probe.graph.output.extend([helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None) for name in names])
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    session = (ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
-               if names else None)
     sums: dict[str, np.ndarray] = {}
-    for sample in samples:
-        values = session.run(names, {k: v for k, v in sample.items() if k in inputs}) if session else []
-        for name, value in [*zip(names, values), *((n, np.asarray(sample[n])) for n in tensors if n in inputs)]:
+    for values in probe_tensors(model, list(tensors), samples):
+        for name, value in values.items():
             channel = tensors[name] % value.ndim
             mean = value.astype(np.float64).mean(axis=tuple(i for i in range(value.ndim) if i != channel))
             sums[name] = sums.get(name, 0) + mean
