@@ -594,7 +594,7 @@ def fold_pads(model) -> int:
     readers = tensor_readers(graph)
     removed = set()
 
-    def constant(name: str):
+    def constant(name: str):  # any dtype: the pads are int64
         return numpy_helper.to_array(inits[name]) if name in inits else None
 
     for pad in graph.node:
@@ -602,20 +602,18 @@ def fold_pads(model) -> int:
         if (len(users) != 1 or pad.output[0] in kept or pad.domain not in ("", "ai.onnx")
                 or users[0].op_type not in PADDED_OPS or users[0].input[0] != pad.output[0]):
             continue
-        target, attrs = users[0], {a.name: helper.get_attribute_value(a) for a in pad.attribute}
+        target, attrs = users[0], _attributes(pad)
         amounts = attrs.get("pads") if len(pad.input) < 2 else constant(pad.input[1])
         value = attrs.get("value", 0.0) if len(pad.input) < 3 or not pad.input[2] else constant(pad.input[2])
-        mode = attrs.get("mode", b"constant")
         if (amounts is None or value is None or np.any(np.asarray(value) != 0) or len(pad.input) > 3
-                or (mode.decode() if isinstance(mode, bytes) else mode) != "constant"):
+                or attrs.get("mode", b"constant") != b"constant"):
             continue
         amounts = [int(a) for a in np.asarray(amounts).ravel()]
         rank = len(amounts) // 2
         begin, end = amounts[:rank], amounts[rank:]
-        target_attrs = {a.name: helper.get_attribute_value(a) for a in target.attribute}
-        auto_pad = target_attrs.get("auto_pad", b"NOTSET")
+        target_attrs = _attributes(target)
         if (rank < 3 or any(begin[:2]) or any(end[:2]) or min(amounts) < 0
-                or (auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad) not in ("NOTSET", "VALID")
+                or target_attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", b"VALID")
                 or (target.op_type == "AveragePool" and not target_attrs.get("count_include_pad", 0))):
             continue
         own = list(target_attrs.get("pads", [0] * 2 * (rank - 2)))

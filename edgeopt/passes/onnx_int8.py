@@ -237,19 +237,18 @@ def mixed_range_outputs(model, samples: list[dict]) -> list[str]:
     quantize_static's graph put one uint8 scale of 1.25 on it, which zeroed every score below 0.63 while the
     output's cosine to FP32 read 0.9995; with the Concat float, the score columns' cosine 0.000 -> 0.940."""
     outputs = {o.name for o in model.graph.output}
-    concats = [n for n in model.graph.node if n.op_type == "Concat" and n.output[0] in outputs and len(n.input) > 1]
+    concats = [(index, n) for index, n in enumerate(model.graph.node)
+               if n.op_type == "Concat" and n.output[0] in outputs and len(n.input) > 1]
     if not concats or not samples:
         return []
     inits = {init.name for init in model.graph.initializer}
-    names = sorted({name for n in concats for name in n.input if name and name not in inits})
+    names = sorted({name for _, n in concats for name in n.input if name and name not in inits})
     peaks = dict.fromkeys(names, 0.0)
     for values in probe_tensors(model, names, samples):
         for name, value in values.items():
             peaks[name] = max(peaks[name], float(np.abs(value).max()) if value.size else 0.0)
     mixed = []
-    for index, node in enumerate(model.graph.node):
-        if node.op_type != "Concat" or node.output[0] not in outputs:
-            continue
+    for index, node in concats:
         ranges = [peaks[name] for name in node.input if name in peaks]
         if len(ranges) > 1 and max(ranges) >= MIXED_RANGE * max(min(ranges), 1e-12):
             if not node.name:
