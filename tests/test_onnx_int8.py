@@ -157,9 +157,9 @@ def test_opset11_constant_weights_int8_onnx_shrinks_per_channel(opset11_const, t
     assert _ir_weight_scales(next(a for a in result.artifacts if a.format == "openvino").path) == {"per-channel"}
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     decision = report["decisions"]["onnx_int8"]
-    assert decision["backend"] in ("nncf", "ort", "ort-conv", "weights-only")
+    assert decision["backend"] in ("nncf", "ort", "ort-conv")
     assert "opset 11 -> 13 (onnx.version_converter)" in decision["normalisation"]
-    assert {c["backend"] for c in decision["candidates"]} == {"nncf", "ort", "ort-conv", "weights-only"}
+    assert {c["backend"] for c in decision["candidates"]} == {"nncf", "ort", "ort-conv"}
     assert decision["rule_pick"] in ("nncf", "ort", "ort-conv") and decision["reason"]  # why, in words
     assert "the first 16 evaluation samples" in decision["measured_with"]  # held out, not the calibration set
     assert all(c["p50_ratio"] > 0 and len(c["p50_ratio_interval"]) == 2 for c in decision["candidates"])
@@ -436,8 +436,8 @@ def test_unfused_share_predicts_what_onnx_runtime_fuses_on_the_mobilenet_pattern
 
 
 def test_every_candidate_is_built_and_the_compute_only_one_keeps_element_wise_ops_float(mobilenet_pattern, tmp_path):
-    """quantize_onnx builds NNCF's, quantize_static's, its compute-only variant and the int8-weights one on a conv
-    net; ONNX Runtime fuses every Conv of the int8-compute ones, and the compute-only one leaves Adds in float."""
+    """quantize_onnx builds NNCF's, quantize_static's and its compute-only variant on a conv net; ONNX Runtime
+    fuses every Conv of each, and the compute-only one leaves Adds in float."""
     import nncf
 
     from edgeopt.data import SampleSet
@@ -447,9 +447,8 @@ def test_every_candidate_is_built_and_the_compute_only_one_keeps_element_wise_op
     result = quantize_onnx(model, SampleSet(samples, None, "test"), subset_size=16,
                            nncf_options={"preset": nncf.QuantizationPreset.PERFORMANCE})
     built = {b.backend: b for b in result.candidates}
-    assert set(built) == {"nncf", "ort", "ort-conv", "weights-only"} and not any(b.error for b in built.values())
-    assert built["weights-only"].contender and built["weights-only"].cosine > 0.999
-    for b in (b for b in built.values() if b.backend != "weights-only"):
+    assert set(built) == {"nncf", "ort", "ort-conv"} and not any(b.error for b in built.values())
+    for b in built.values():
         assert b.unfused == _float_conv_share(b.model, tmp_path) == 0.0, b.backend
         assert b.cosine > 0.95 and b.p50_ratio > 0 and b.contender
     kinds = {}

@@ -129,10 +129,6 @@ def test_weights_only_wins_only_by_decisive_speed_and_never_sets_the_fidelity_ba
     assert all(b.contender for b in tie)  # the int8-compute candidates still contend
     rule = choose(tie)
     assert rule.backend == "ort" and pick(tie, rule)[0] is rule
-    wide = built((0.75, 0.62, 0.95))  # a real gain whose interval load widened past 0.90: still decisive
-    assert pick(wide, choose(wide))[0].backend == WEIGHTS_ONLY
-    close = built((0.92, 0.85, 0.97))  # consistently faster, but by less than the margin: the rule decides
-    assert pick(close, choose(close))[0].backend == "ort"
     quicker = built((0.44, 0.41, 0.47))
     chosen, reason = pick(quicker, choose(quicker))
     assert chosen.backend == WEIGHTS_ONLY and "float compute" in reason and f'"{WEIGHTS_ONLY}" pins it' in reason
