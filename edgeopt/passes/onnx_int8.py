@@ -30,12 +30,13 @@ candidate's size, p50 (with interval), fidelity and why the winner won. Measured
 threads): the former fidelity-first rule kept ``ort-conv`` (cosine 0.978, ORT p50 0.85x FP32) where
 quantize_static's output ran 0.79x (cosine 0.970).
 
-``WEIGHTS_ONLY`` (:func:`edgeopt.passes.onnx_weights_only.weights_only`, ``onnx_backend = "weights-only"``):
-int8 weights that ONNX Runtime turns back into float when the session loads, float compute — for small models on
-which ONNX Runtime's int8 kernels cost more than they save (PP-OCR's classifier: 0.32x size, ~0.6x FP32's p50).
-Not built by default: as a speed contender its choice flipped between runs of the tests' tiny CNN on a quiet CI
-host (0.75x of ``ort`` in isolation), and the same inputs must give the same file. When built, it sets no
-fidelity bar and is never the rule's pick.
+``WEIGHTS_ONLY`` (:func:`edgeopt.passes.onnx_weights_only.weights_only`): int8 weights that ONNX Runtime turns
+back into float when the session loads, float compute — for CNNs on which ONNX Runtime's int8 kernels cost more
+than they save (PP-OCR's classifier: 0.32x size, ~0.6x FP32's p50). It is decided before anything is built, by a
+static rule on the graph's arithmetic (:mod:`edgeopt.onnx_work`: few MACs per activation element, activations
+int8 cannot fold), and then built alone; not raced against the int8 candidates: as a speed contender its choice
+flipped between runs of the tests' tiny CNN on a quiet CI host, and the same inputs must give the same file.
+Pinned beside others, it sets no fidelity bar and is never the rule's pick.
 
 Transformers get ONNX Runtime's dynamic quantization instead of its static QDQ (:func:`_ort_dynamic`; ONNX
 Runtime's documentation recommends it for transformers on CPU): weights int8 per channel, each MatMul's input
@@ -67,6 +68,8 @@ from edgeopt.data import SampleSet
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.model_type import ffn_down_projections
 from edgeopt.onnx_prep import normalise, probe_tensors, tensor_readers
+from edgeopt.onnx_work import (COMPUTE_OPS, FLOAT_COMPUTE_ACTIVATIONS, FLOAT_COMPUTE_INTENSITY, Work,
+                               work_of)
 from edgeopt.passes.onnx_weights_only import symmetric_int8, weights_only
 from edgeopt.recurrent import ONNX_CELLS, ONNX_WEIGHT_AXIS, ONNX_WEIGHT_INPUTS, has_onnx_cells
 from edgeopt.vs_fp32 import (BLOCK_S, COVERAGE, THREADS, Rounds, interleaved_rounds, median_interval,
@@ -78,7 +81,8 @@ FLOOR_SIZE_SLACK = 1.1  # a candidate reaching the gate where the fusable ones m
 CHOICE_SAMPLES = 16  # samples the backends' fidelity is compared on (held-out ones when given)
 DECISIVE = 0.10  # a contender replaces the rule's pick only when its whole interval is this much faster
 WEIGHTS_ONLY = "weights-only"  # int8 weights, float compute (edgeopt.passes.onnx_weights_only): wins only by speed
-BACKENDS = ("nncf", "ort", "ort-conv")  # built by default, in the rule's order (WEIGHTS_ONLY: by pin)
+BACKENDS = ("nncf", "ort", "ort-conv")  # built by default for a CNN, in the rule's order (COMPUTE_OPS: what "ort-conv"
+# quantizes, and their Relu/Clip); (WEIGHTS_ONLY,) instead where int8 compute cannot pay (edgeopt.onnx_work)
 ANCHOR = "ort"  # quantize_static's recipe: the rule's default whenever it contends
 TRANSFORMER_BACKENDS = ("nncf", "ort-dynamic")  # built by default for a transformer
 HYBRID_BACKEND = "ort-hybrid"  # added for a transformer whose Conv weights are a substantial share
@@ -86,7 +90,6 @@ HYBRID_CONV_SHARE = 0.25  # share of the constant Conv/Gemm/MatMul weights in Co
 PREFERRED = (HYBRID_BACKEND, ANCHOR)  # the rule's default: the first of these that contends
 RECURRENT_BACKENDS = ("nncf", "ort-conv")  # for a model with recurrent cells: the compute ops quantized only
 ORDER = BACKENDS + TRANSFORMER_BACKENDS[1:] + (HYBRID_BACKEND,)  # the rule's last tie-break
-COMPUTE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")  # what "ort-conv" quantizes (and their Relu/Clip)
 CONV_OPS = ("Conv", "ConvTranspose")  # what "ort-hybrid" quantizes statically (and their Relu/Clip)
 MIXED_RANGE = 16.0  # an output Concat whose inputs' ranges differ this much stays float (4+ bits of the smaller lost)
 RACE_MAX_ROUNDS, RACE_MAX_S = 16, 15.0  # the speed race stays cheap: it runs on every compress
@@ -135,9 +138,11 @@ class OnnxInt8:
     rounds: int = 0  # of the interleaved speed race
     judged_on: str = ""  # which samples the fidelity and the race ran on, in words
     cosine_floor: float | None = None  # the quality gate's cosine, when cosine is what it judges
+    work: Work | None = None  # the CNN's arithmetic per activation element, which set the compute kind
 
     def describe(self) -> dict:
         return {"backend": self.backend, "normalisation": self.normalised, "fp32_p50_ms": self.fp32_p50_ms,
+                "work": None if self.work is None else self.work.describe(),
                 "rule_pick": self.rule_pick, "chosen_by": "speed" if self.backend != self.rule_pick else "rule",
                 "reason": self.reason,
                 "measured_with": (f"onnxruntime CPU, {THREADS} threads, bound inputs (the first of "
@@ -166,9 +171,9 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
                   held_out: SampleSet | None = None, cosine_floor: float | None = None) -> OnnxInt8:
     """Normalise ``model`` and return the best INT8 model among ``backends``; a model no backend can quantize
     is a one-line ``BadInputError`` naming what stopped them. ``backends``: by default NNCF's, ONNX Runtime's
-    static QDQ (``ort``), quantize_static with only Conv/ConvTranspose/Gemm/MatMul quantized (``ort-conv``) and
-    int8 weights with float compute (``WEIGHTS_ONLY``);
-    for a transformer NNCF's and ONNX Runtime's dynamic quantization (``ort-dynamic``), and where Conv weights are
+    static QDQ (``ort``) and quantize_static with only Conv/ConvTranspose/Gemm/MatMul quantized (``ort-conv``), or
+    int8 weights with float compute (``WEIGHTS_ONLY``) alone where :mod:`edgeopt.onnx_work` says int8 compute
+    cannot pay (:func:`default_backends`); for a transformer NNCF's and ONNX Runtime's dynamic quantization (``ort-dynamic``), and where Conv weights are
     a substantial share (:func:`conv_weight_share`, at least ``HYBRID_CONV_SHARE``: a CNN backbone with attention
     blocks, such as SVTR) the per-block recipe ``ort-hybrid`` too (:func:`_ort_hybrid`). ``ignored``: node names
     every backend leaves in float. ``transformer``: NNCF's candidate gets the model type through
@@ -181,8 +186,11 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
     that reaches it beats fusable ones that do not (:func:`contenders`)."""
     prepared = normalise(model, feeds=calibration.samples[0])
     recurrent = recurrent_float and has_onnx_cells(prepared.model)
+    arithmetic = None
     if backends is None:
-        backends = default_backends(prepared.model, transformer, recurrent)
+        if not transformer and not recurrent:
+            arithmetic = work_of(prepared.model, calibration.samples[0])
+        backends = default_backends(prepared.model, transformer, recurrent, arithmetic)
     ffn = ffn_down_projections(onnx_model=prepared.model) if ffn_down_float else []
     mixed = mixed_range_outputs(prepared.model, calibration.samples[:CHOICE_SAMPLES])
     if mixed:
@@ -199,16 +207,20 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
                                                                keep),
                 HYBRID_BACKEND: lambda m: _ort_hybrid(m, calibration, subset_size, keep),
                 WEIGHTS_ONLY: lambda m: weights_only(m, calibration, subset_size, keep)}
-    built = []
-    for name in backends:
+
+    def build(name: str) -> Built:
         try:
             quantized = builders[name](prepared.model)
             quantize_weights(quantized, ffn)  # float activations, int8 weights: the file still shrinks ~4x
             if recurrent:
                 quantized = quantize_recurrent(quantized)
-            built.append(Built(name, quantized))
+            return Built(name, quantized)
         except Exception as exc:  # a backend that cannot handle the graph: the other one may
-            built.append(Built(name, error=f"{type(exc).__name__}: {first_line(exc)}"[:300]))
+            return Built(name, error=f"{type(exc).__name__}: {first_line(exc)}"[:300])
+
+    built = [build(name) for name in backends]
+    if backends == (WEIGHTS_ONLY,) and arithmetic is not None and built[0].error:
+        built += [build(name) for name in BACKENDS]  # no weight could be stored: int8 compute after all
     with tempfile.TemporaryDirectory() as tmp:
         judged, judged_on = ((held_out.samples[:CHOICE_SAMPLES], f"the first {CHOICE_SAMPLES} evaluation samples")
                              if held_out is not None and len(held_out) else
@@ -226,8 +238,14 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
         feeds = judged[0]
         timed = race(fp32_session.bind(feeds), [sessions[b.backend].bind(feeds) for b in usable], usable, rule)
     chosen, reason = pick(usable, rule, cosine_floor)
+    if arithmetic is not None and chosen.backend == WEIGHTS_ONLY:
+        reason = (f"int8 weights with float compute: {arithmetic.intensity:.1f} MACs per activation element (below "
+                  f"{FLOAT_COMPUTE_INTENSITY:g}) and {arithmetic.activation_share:.0%} of the compute ops followed by "
+                  f"an activation int8 cannot fold (at least {FLOAT_COMPUTE_ACTIVATIONS:.0%}): on such a net ONNX "
+                  "Runtime's int8 kernels cost more than they save (edgeopt.onnx_work; onnx_backend = \"ort\" pins "
+                  "int8 compute, quantize_static's recipe)")
     return OnnxInt8(chosen.model, chosen.backend, prepared.steps, built, round(timed.p50_ms[0], 4), rule.backend,
-                    reason, len(timed.medians), judged_on, cosine_floor)
+                    reason, len(timed.medians), judged_on, cosine_floor, arithmetic)
 
 
 def mixed_range_outputs(model, samples: list[dict]) -> list[str]:
@@ -257,13 +275,18 @@ def mixed_range_outputs(model, samples: list[dict]) -> list[str]:
     return mixed
 
 
-def default_backends(model, transformer: bool, recurrent: bool = False) -> tuple[str, ...]:
-    """The candidates built when none are named: ``BACKENDS`` for a CNN, ``RECURRENT_BACKENDS`` for a model with
+def default_backends(model, transformer: bool, recurrent: bool = False,
+                     arithmetic: Work | None = None) -> tuple[str, ...]:
+    """The candidates built when none are named: ``BACKENDS`` for a CNN, only ``WEIGHTS_ONLY`` for one whose
+    ``arithmetic`` says int8 compute cannot pay (:attr:`edgeopt.onnx_work.Work.float_compute`: a static rule, so
+    the same model always gets the same kind), ``RECURRENT_BACKENDS`` for a model with
     recurrent cells (not a transformer); ``TRANSFORMER_BACKENDS`` for a
     transformer, plus ``HYBRID_BACKEND`` where its Conv weights are at least ``HYBRID_CONV_SHARE`` of its weights
     (a patch-embedding Conv, as in ViT, is ~1%; PP-OCRv4's SVTR recogniser 62%)."""
     if not transformer:
-        return RECURRENT_BACKENDS if recurrent else BACKENDS
+        if recurrent:
+            return RECURRENT_BACKENDS
+        return (WEIGHTS_ONLY,) if arithmetic is not None and arithmetic.float_compute else BACKENDS
     if conv_weight_share(model) >= HYBRID_CONV_SHARE:
         return TRANSFORMER_BACKENDS + (HYBRID_BACKEND,)
     return TRANSFORMER_BACKENDS

@@ -35,8 +35,9 @@ class Int8Config(StepConfig):
     lose the state) and the element-wise ops float when that measures more faithful read back from the file; ONNX
     quantizes only the compute ops there, the cells' weights int8 (``edgeopt.recurrent``).
     ``onnx_backend``: which quantizer writes the ONNX INT8 model; "auto" builds NNCF's and ONNX Runtime's (its
-    static QDQ, ``ort``, and ``ort-conv`` with only the compute ops quantized, and ``weights-only``: int8 weights,
-    float compute, chosen only where decisively faster; for transformers its dynamic
+    static QDQ, ``ort``, and ``ort-conv`` with only the compute ops quantized; instead of them, for a CNN whose
+    arithmetic says int8 kernels cannot pay (``edgeopt.onnx_work``), ``weights-only``: int8 weights, float
+    compute; for transformers its dynamic
     quantization, ``ort-dynamic``, and where Conv weights are a substantial share ``ort-hybrid``: Convs static,
     MatMuls dynamic) and picks by fusability,
     fidelity and measured speed (``edgeopt.passes.onnx_int8``); naming one reproduces a choice exactly."""

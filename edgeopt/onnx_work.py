@@ -1,0 +1,104 @@
+"""How much arithmetic an ONNX CNN does per activation element, and whether int8 compute can pay for itself.
+
+ONNX Runtime's int8 CPU kernels save time in proportion to multiply-accumulates and spend it in proportion to
+the activation elements they quantize, dequantize and requantize, plus one quantized element-wise op for every
+activation that does not fold into QLinearConv (only Relu and Clip do; Sigmoid, HardSigmoid, HardSwish, PRelu...
+become QLinear ops of their own or a dequantize/quantize pair around a float one). A depthwise-heavy net with
+such activations does too little work per element for int8 to win. Measured with ``bench/ort_profile.py``
+(ONNX Runtime 1.32, 2 threads, interleaved rounds; p50 over FP32's, quantize_static's recipe vs int8 weights
+with float compute):
+
+| model | MACs per element | unfolded activations | int8 compute | float compute |
+|---|---|---|---|---|
+| PP-OCR cls (PP-LCNet x0.25, hard-swish, SE) | 13.6 | 0.50 | 1.40-1.44x | 0.65-0.74x |
+| EfficientNet-B0 (SiLU, SE) | 28.4 | 0.79 | 0.83-1.18x | 0.75-0.88x |
+| MobileNetV2 (ReLU6) | 22.4 | 0 | ~0.6x | 0.82x |
+| MobileNetV2 x0.35, 64x64 (ReLU6) | 11.2 | 0 | 0.83x | 1.03x |
+| PP-OCR det (MobileNetV3, hard-swish) | 44.9 | 0.53 | 0.95-1.02x | 0.93x |
+| YOLOv8n (nudenet 320n, SiLU) | 117 | 0.89 | 0.69x | |
+| ResNet-18 | 389 | 0 | 0.54x | 0.97x |
+
+So int8 compute is kept unless both hold: fewer than ``FLOAT_COMPUTE_INTENSITY`` MACs per element and at least
+``FLOAT_COMPUTE_ACTIVATIONS`` of the compute ops followed by an activation int8 cannot fold. A static rule, not a
+race: the same model gives the same file on every run (a speed race between the two kinds flipped on a tiny CNN
+under CI load).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgeopt.onnx_prep import probe_tensors, tensor_readers
+
+COMPUTE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+FOLDED_ACTIVATIONS = ("Relu", "Clip")  # what ONNX Runtime folds into QLinearConv/QLinearMatMul
+ACTIVATIONS = ("Sigmoid", "HardSigmoid", "HardSwish", "PRelu", "LeakyRelu", "Tanh", "Elu", "Selu", "Softplus",
+               "Mish", "Gelu", "Erf")  # activations that do not fold (their own int8 op, or float between Q/DQ)
+FLOAT_COMPUTE_INTENSITY = 32.0  # MACs per activation element below which int8 compute may not pay
+FLOAT_COMPUTE_ACTIVATIONS = 0.5  # share of compute ops followed by an unfolded activation from which it may not
+
+
+@dataclass(frozen=True)
+class Work:
+    """A graph's compute ops, their arithmetic and their activations."""
+
+    compute_ops: int
+    macs: int  # multiply-accumulates of one call (the calibration sample's shapes)
+    elements: int  # activation elements the compute ops read and write
+    unfolded_activations: int  # compute ops whose output feeds an activation int8 cannot fold
+
+    @property
+    def intensity(self) -> float:
+        return self.macs / self.elements if self.elements else 0.0
+
+    @property
+    def activation_share(self) -> float:
+        return self.unfolded_activations / self.compute_ops if self.compute_ops else 0.0
+
+    @property
+    def float_compute(self) -> bool:
+        """Whether int8 kernels are expected to cost more than they save (the module's rule)."""
+        return (self.compute_ops > 0 and self.intensity < FLOAT_COMPUTE_INTENSITY
+                and self.activation_share >= FLOAT_COMPUTE_ACTIVATIONS)
+
+    def describe(self) -> dict:
+        return {"compute_ops": self.compute_ops, "macs": self.macs, "macs_per_activation_element":
+                round(self.intensity, 2), "unfolded_activation_share": round(self.activation_share, 3),
+                "compute": "float" if self.float_compute else "int8",
+                "rule": (f"float compute (int8 weights) when fewer than {FLOAT_COMPUTE_INTENSITY:g} MACs per "
+                         f"activation element and at least {FLOAT_COMPUTE_ACTIVATIONS:.0%} of the compute ops "
+                         f"followed by an activation int8 cannot fold (not {'/'.join(FOLDED_ACTIVATIONS)})")}
+
+
+def work_of(model, sample: dict) -> Work:
+    """The :class:`Work` of ``model``'s Conv/ConvTranspose/Gemm/MatMul on ``sample`` (one run of ONNX Runtime
+    for the activation shapes, so dynamic axes take the sample's sizes)."""
+    graph = model.graph
+    inits = {init.name: init for init in graph.initializer}
+    nodes = [n for n in graph.node if n.op_type in COMPUTE_OPS and len(n.input) > 1]
+    if not nodes:
+        return Work(0, 0, 0, 0)
+    shapes = next(probe_tensors(model, sorted({t for n in nodes for t in (n.input[0], n.output[0])}), [sample]))
+    readers = tensor_readers(graph)
+    macs = elements = unfolded = 0
+    for node in nodes:
+        x, y = shapes[node.input[0]], shapes[node.output[0]]
+        elements += x.size + y.size
+        macs += _macs(node, x, y, inits.get(node.input[1]))
+        unfolded += any(r.op_type in ACTIVATIONS for r in readers.get(node.output[0], []))
+    return Work(len(nodes), int(macs), int(elements), int(unfolded))
+
+
+def _macs(node, x: np.ndarray, y: np.ndarray, weight) -> int:
+    """Multiply-accumulates of one call: each output element of a Conv sums over its kernel and input channels
+    per group (the weight's dims after the first); of a ConvTranspose each input element over the weight's other
+    dims; of a Gemm/MatMul over the shared dimension."""
+    if node.op_type == "Conv" and weight is not None:
+        return y.size * int(np.prod(weight.dims[1:]))
+    if node.op_type == "ConvTranspose" and weight is not None:
+        return x.size * int(np.prod(weight.dims[1:]))
+    if node.op_type == "Gemm" and any(a.name == "transA" and a.i for a in node.attribute):
+        return y.size * (x.shape[0] if x.ndim else 1)
+    return y.size * (x.shape[-1] if x.ndim else 1)
