@@ -179,7 +179,7 @@ def compress_recipe(model: str | Path, calibration: str | Path, recipe: Recipe, 
     validation on the target (the search measures its candidates itself)."""
     timer = _Timer()
     profile = target
-    formats = _formats(model, formats, profile, recipe)
+    formats, left_out = _formats(model, formats, profile, recipe)
     _check_contracts(recipe, formats, eval_data)
     asked = (gate.metric if gate else None) or recipe.metric  # a profile's metric applies where there is data
     if asked is not None and not eval_data and golden is None:
@@ -190,7 +190,7 @@ def compress_recipe(model: str | Path, calibration: str | Path, recipe: Recipe, 
     scratch = tempfile.TemporaryDirectory(prefix="edgeopt-pinned-")  # the folded model, when inputs are pinned
     try:
         return _compress_loaded(model, calibration, recipe, out=out, profile=profile, formats=formats,
-                                eval_data=eval_data, gate=gate, shapes=shapes, seed=seed, eval_settings=eval_settings,
+                                left_out=left_out, eval_data=eval_data, gate=gate, shapes=shapes, seed=seed, eval_settings=eval_settings,
                                 train_data=train_data, step_report=step_report, quiet=quiet, measuring=measuring,
                                 batch_axes=batch_axes, task=task, golden_set=golden_set, timer=timer,
                                 scratch=Path(scratch.name))
@@ -199,7 +199,7 @@ def compress_recipe(model: str | Path, calibration: str | Path, recipe: Recipe, 
 
 
 def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target | None, formats: tuple[str, ...],
-                     eval_data, gate: QualityGate, shapes: dict, seed: int, eval_settings: RuntimeSettings,
+                     left_out: str | None, eval_data, gate: QualityGate, shapes: dict, seed: int, eval_settings: RuntimeSettings,
                      train_data, step_report: bool | None, quiet: bool, measuring: Measuring | None,
                      batch_axes: dict | None, task: str | None, golden_set: GoldenSet | None, timer: "_Timer",
                      scratch: Path) -> CompressResult:
@@ -245,6 +245,11 @@ def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target
             if pinned is not None:
                 result.decisions["pinned_inputs"] = pinned.describe()
                 result.notes.insert(0, pinned.note())
+            if left_out:
+                result.notes.insert(0, left_out)
+            if source.fixed_dims():
+                result.notes.append("dynamic input dimensions fixed in the artifacts, which run at these sizes only: "
+                                    + ", ".join(source.fixed_dims()))
             with timer("vs fp32"):
                 result.vs_fp32 = compare_with_fp32(artifacts, baseline.graphs.get("openvino"),
                                                    baseline.graphs.get("onnx"),
@@ -283,14 +288,21 @@ def as_target(target: Target | str | Path | None) -> Target | None:
 
 
 def _formats(model: str | Path, formats: tuple[str, ...] | str | None, target: Target | None,
-             recipe: Recipe) -> tuple[str, ...]:
+             recipe: Recipe) -> tuple[tuple[str, ...], str | None]:
+    """The formats to write, and a note naming any default format left out because a step of the recipe does
+    not write it (``int8_repair``: OpenVINO IR only)."""
     if isinstance(formats, str):
         formats = parse_formats(formats)
+    left_out = None
     if formats is None:
         native = format_of(model).name if Path(model).suffix.lower() in model_suffixes() else None
         formats = (REFERENCE,) if native == REFERENCE else tuple(FORMATS)
         accepted = [f for f in formats if all(f in step.info.formats for step in recipe.stage(GRAPH))]
-        formats = tuple(accepted) or formats  # by default, the formats every graph step of the recipe writes
+        if accepted and len(accepted) < len(formats):  # by default, the formats every graph step writes
+            steps = [step.name for step in recipe.stage(GRAPH) if any(f not in step.info.formats for f in formats)]
+            left_out = (f"{', '.join(FORMATS[f].label for f in formats if f not in accepted)}: not written: "
+                        f"{', '.join(steps)} writes {', '.join(FORMATS[f].label for f in accepted)} only")
+            formats = tuple(accepted)
     unknown = [f for f in formats if f not in FORMATS]
     if unknown:
         raise BadInputError(f"unknown format(s) {', '.join(unknown)} (known: {', '.join(FORMATS)})")
@@ -298,7 +310,7 @@ def _formats(model: str | Path, formats: tuple[str, ...] | str | None, target: T
         needed = format_for_runtime(target.settings.runtime).name
         if needed not in formats:
             raise BadInputError(f"target {target.name} runs {target.settings.runtime}: --format must include {needed}")
-    return tuple(formats)
+    return tuple(formats), left_out
 
 
 def _check_contracts(recipe: Recipe, formats: tuple[str, ...], eval_data) -> None:

@@ -39,6 +39,14 @@ class SourceModel:
     output_names: list[str] = field(default_factory=list)
     tokenizer: Any = None  # a Hugging Face tokenizer, for text data (Hugging Face model folders)
     model_type: str | None = None  # "transformer" when the source says so (a ``transformers`` model)
+    declared_inputs: list[TensorSpec] = field(default_factory=list)  # an ONNX/IR file's own, None where dynamic
+
+    def fixed_dims(self) -> list[str]:
+        """The input dimensions the file declares dynamic and ``inputs`` fixes (``x[0] = 1``): what the
+        artifacts, converted at those shapes, run at."""
+        fixed = {spec.name: spec.shape for spec in self.inputs}
+        return [f"{spec.name}[{axis}] = {fixed[spec.name][axis]}" for spec in self.declared_inputs
+                if spec.name in fixed for axis, size in enumerate(spec.shape) if size is None]
 
     @property
     def input_names(self) -> list[str]:
@@ -300,7 +308,7 @@ def _load_onnx(path: Path, input_shapes: dict, batch_axes: dict) -> SourceModel:
         specs.append(TensorSpec(value.name, tuple(size for size, _ in declared), dtype, model_batch_axis(declared)))
     outputs = [value.name for value in model.graph.output]
     return SourceModel("onnx", path, _resolve_shapes(path, _with_batch_axes(path, specs, batch_axes), input_shapes),
-                       onnx_path=path, output_names=outputs)
+                       onnx_path=path, output_names=outputs, declared_inputs=specs)
 
 
 def _load_openvino(path: Path, input_shapes: dict, batch_axes: dict) -> SourceModel:
@@ -319,7 +327,7 @@ def _load_openvino(path: Path, input_shapes: dict, batch_axes: dict) -> SourceMo
         specs.append(TensorSpec(port.get_any_name(), dims, dtype, model_batch_axis([(d, None) for d in dims])))
     outputs = [port.get_any_name() if port.get_names() else f"output{i}" for i, port in enumerate(model.outputs)]
     return SourceModel("openvino", path, _resolve_shapes(path, _with_batch_axes(path, specs, batch_axes), input_shapes),
-                       output_names=outputs)
+                       output_names=outputs, declared_inputs=specs)
 
 
 def _load_torch_factory(path: Path, factory: str, input_shapes: dict) -> SourceModel:

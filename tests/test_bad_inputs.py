@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -81,6 +83,9 @@ def test_dynamic_onnx_needs_a_shape(cli, tmp_path, tiny_torch, tiny_calib):
     result = cli("compress", model, "--calib", tiny_calib, "--out", out, "--input-shape", "input=1,1,8,8", "--quiet")
     assert result.exit_code == 0, result.output
     assert (out / "model.xml").is_file()
+    notes = json.loads((out / "report.json").read_text())["notes"]  # the artifacts run at the given shape only
+    assert ("dynamic input dimensions fixed in the artifacts, which run at these sizes only: input[0] = 1, "
+            "input[3] = 8") in notes
 
 
 def test_dynamic_batch_alone_defaults_to_one(cli, tmp_path, tiny_torch, tiny_calib):
@@ -89,8 +94,10 @@ def test_dynamic_batch_alone_defaults_to_one(cli, tmp_path, tiny_torch, tiny_cal
     torch.onnx.export(module, (example,), str(model), dynamo=False, input_names=["input"],
                       dynamic_axes={"input": {0: "batch"}})
     out = tmp_path / "out"
-    result = cli("compress", model, "--calib", tiny_calib, "--out", out, "--quiet", "--format", "openvino")
+    result = cli("compress", model, "--calib", tiny_calib, "--out", out, "--format", "openvino")
     assert result.exit_code == 0, result.output
+    assert "input[0] = 1" in result.output  # said on the console and in the report
+    assert any("input[0] = 1" in note for note in json.loads((out / "report.json").read_text())["notes"])
 
 
 def test_onnx_from_ir_is_refused(cli, tmp_path, tiny_ir, tiny_calib):

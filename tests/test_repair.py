@@ -126,6 +126,8 @@ def test_repair_passes_the_gate_names_the_ops_and_reproduces_in_one_step(cli, ou
     assert len(repair["float_ops"]) == 1 and PLANTED in repair["float_ops"][0]["name"]
     assert repair["float_ops"][0]["gain"] > 0 and repair["float_share"] == 0.25
     assert report["quality"]["passed"] and [a["format"] for a in report["artifacts"]] == ["openvino"]
+    left_out = "ONNX: not written: int8_repair writes OpenVINO IR only"  # by default both, and it says why not
+    assert left_out in report["notes"] and left_out in result.output
     assert PLANTED in result.output and "int8 repair: passed at rung" in result.output  # the CLI table
     page = (out / "repair.html").read_text()
     assert "Worst layers" in page and "data:image/png;base64," in page and PLANTED in page
