@@ -264,7 +264,7 @@ def probe_tensors(model, names: list[str], samples: list[dict]):
     if computed:
         probe = onnx.ModelProto.FromString(model.SerializeToString())
         del probe.graph.output[:]
-        probe.graph.output.extend([helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in computed])
+        probe.graph.output.extend([helper.make_empty_tensor_value_info(n) for n in computed])  # any type
         options = ort.SessionOptions()
         options.log_severity_level = 3
         session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])

@@ -36,8 +36,8 @@ from edgeopt.onnx_prep import probe_tensors, tensor_readers
 
 COMPUTE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 FOLDED_ACTIVATIONS = ("Relu", "Clip")  # what ONNX Runtime folds into QLinearConv/QLinearMatMul
-ACTIVATIONS = ("Sigmoid", "HardSigmoid", "HardSwish", "PRelu", "LeakyRelu", "Tanh", "Elu", "Selu", "Softplus",
-               "Mish", "Gelu", "Erf")  # activations that do not fold (their own int8 op, or float between Q/DQ)
+ACTIVATIONS = ("Sigmoid", "HardSigmoid", "HardSwish", "Swish", "PRelu", "LeakyRelu", "Tanh", "Elu", "Selu", "Celu",
+               "Softplus", "Softsign", "Mish", "Gelu", "Erf")  # activations that do not fold (their own int8 op, or float between Q/DQ)
 FLOAT_COMPUTE_INTENSITY = 20.0  # MACs per activation element below which int8 compute may not pay
 FLOAT_COMPUTE_ACTIVATIONS = 0.5  # share of compute ops followed by an unfolded activation from which it may not
 
@@ -82,25 +82,32 @@ def work_of(model, sample: dict) -> Work:
     nodes = [n for n in graph.node if n.op_type in COMPUTE_OPS and len(n.input) > 1]
     if not nodes:
         return Work(0, 0, 0, 0)
-    shapes = next(probe_tensors(model, sorted({t for n in nodes for t in (n.input[0], n.output[0])}), [sample]))
+    probed = {t for n in nodes for t in n.input[:2] if t not in inits} | {n.output[0] for n in nodes}
+    shapes = {name: value.shape for name, value in next(probe_tensors(model, sorted(probed), [sample])).items()}
+    shapes.update({name: tuple(init.dims) for name, init in inits.items()})
     readers = tensor_readers(graph)
     macs = elements = unfolded = 0
     for node in nodes:
-        x, y = shapes[node.input[0]], shapes[node.output[0]]
-        elements += x.size + y.size
-        macs += _macs(node, x, y, inits.get(node.input[1]))
+        x, w, y = (shapes[name] for name in (node.input[0], node.input[1], node.output[0]))
+        elements += (0 if node.input[0] in inits else _size(x)) + _size(y)
+        macs += _macs(node, x, w, y)
         unfolded += any(r.op_type in ACTIVATIONS for r in readers.get(node.output[0], []))
     return Work(len(nodes), int(macs), int(elements), int(unfolded))
 
 
-def _macs(node, x: np.ndarray, y: np.ndarray, weight) -> int:
-    """Multiply-accumulates of one call: each output element of a Conv sums over its kernel and input channels
-    per group (the weight's dims after the first); of a ConvTranspose each input element over the weight's other
-    dims; of a Gemm/MatMul over the shared dimension."""
-    if node.op_type == "Conv" and weight is not None:
-        return y.size * int(np.prod(weight.dims[1:]))
-    if node.op_type == "ConvTranspose" and weight is not None:
-        return x.size * int(np.prod(weight.dims[1:]))
+def _size(shape: tuple) -> int:
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def _macs(node, x: tuple, w: tuple, y: tuple) -> int:
+    """Multiply-accumulates of one call from the shapes of input 0 ``x``, input 1 ``w`` and the output ``y``: each
+    output element of a Conv sums over its kernel and input channels per group (the weight's dims after the
+    first); of a ConvTranspose each input element over the weight's other dims; of a Gemm/MatMul over the shared
+    dimension."""
+    if node.op_type == "Conv":
+        return _size(y) * _size(w[1:])
+    if node.op_type == "ConvTranspose":
+        return _size(x) * _size(w[1:])
     if node.op_type == "Gemm" and any(a.name == "transA" and a.i for a in node.attribute):
-        return y.size * (x.shape[0] if x.ndim else 1)
-    return y.size * (x.shape[-1] if x.ndim else 1)
+        return _size(y) * (x[0] if x else 1)
+    return _size(y) * (x[-1] if x else 1)

@@ -247,9 +247,10 @@ def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target
                 result.notes.insert(0, pinned.note())
             if left_out:
                 result.notes.insert(0, left_out)
-            if source.fixed_dims():
+            fixed = source.fixed_dims()
+            if fixed:
                 result.notes.append("dynamic input dimensions fixed in the artifacts, which run at these sizes only: "
-                                    + ", ".join(source.fixed_dims()))
+                                    + ", ".join(fixed))
             with timer("vs fp32"):
                 result.vs_fp32 = compare_with_fp32(artifacts, baseline.graphs.get("openvino"),
                                                    baseline.graphs.get("onnx"),
@@ -299,9 +300,10 @@ def _formats(model: str | Path, formats: tuple[str, ...] | str | None, target: T
         formats = (REFERENCE,) if native == REFERENCE else tuple(FORMATS)
         accepted = [f for f in formats if all(f in step.info.formats for step in recipe.stage(GRAPH))]
         if accepted and len(accepted) < len(formats):  # by default, the formats every graph step writes
-            steps = [step.name for step in recipe.stage(GRAPH) if any(f not in step.info.formats for f in formats)]
+            steps = [f"{step.name} writes {', '.join(FORMATS[f].label for f in step.info.formats)} only"
+                     for step in recipe.stage(GRAPH) if any(f not in step.info.formats for f in formats)]
             left_out = (f"{', '.join(FORMATS[f].label for f in formats if f not in accepted)}: not written: "
-                        f"{', '.join(steps)} writes {', '.join(FORMATS[f].label for f in accepted)} only")
+                        + "; ".join(steps))
             formats = tuple(accepted)
     unknown = [f for f in formats if f not in FORMATS]
     if unknown:

@@ -72,3 +72,13 @@ def test_folding_activations_keep_int8_compute_and_a_pin_overrides_the_rule(samp
     pinned = quantize_onnx(_mobile_block("HardSwish"), samples, subset_size=8, nncf_options={}, backends=("ort",))
     assert pinned.backend == "ort" and pinned.work is None  # a pin builds what it names
     assert any(k.startswith("QLinear") for k in optimized_ops(pinned.model, tmp_path))
+
+
+def test_a_weight_computed_in_the_graph_is_counted_by_its_probed_shape(samples):
+    """A Conv whose weight comes out of another node (an Identity here; a DequantizeLinear or Cast in exports)
+    sums over that weight's shape like an initializer's, and the weight is not an activation element."""
+    model = _mobile_block("HardSwish")
+    conv = next(n for n in model.graph.node if n.name == "conv1")
+    model.graph.node.insert(0, helper.make_node("Identity", ["w1"], ["w1_copy"]))
+    conv.input[1] = "w1_copy"
+    assert work_of(model, samples.samples[0]) == work_of(_mobile_block("HardSwish"), samples.samples[0])

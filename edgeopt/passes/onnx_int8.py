@@ -58,6 +58,7 @@ and about its speed.
 from __future__ import annotations
 
 import copy
+import math
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,7 +81,7 @@ MAX_UNFUSED = 0.1  # a graph with more than 10% of its quantized Conv/Gemm/MatMu
 FLOOR_SIZE_SLACK = 1.1  # a candidate reaching the gate where the fusable ones miss may be at most this much larger
 CHOICE_SAMPLES = 16  # samples the backends' fidelity is compared on (held-out ones when given)
 DECISIVE = 0.10  # a contender replaces the rule's pick only when its whole interval is this much faster
-WEIGHTS_ONLY = "weights-only"  # int8 weights, float compute (edgeopt.passes.onnx_weights_only): wins only by speed
+WEIGHTS_ONLY = "weights-only"  # int8 weights, float compute (edgeopt.passes.onnx_weights_only)
 BACKENDS = ("nncf", "ort", "ort-conv")  # built by default for a CNN, in the rule's order (COMPUTE_OPS: what "ort-conv"
 # quantizes, and their Relu/Clip); (WEIGHTS_ONLY,) instead where int8 compute cannot pay (edgeopt.onnx_work)
 ANCHOR = "ort"  # quantize_static's recipe: the rule's default whenever it contends
@@ -157,8 +158,9 @@ class OnnxInt8:
                          + "; the rule picks the first of "
                          f"{', '.join(PREFERRED)} that contends ({ANCHOR}: quantize_static's recipe), else the best "
                          f"fidelity (to 4 decimals), then fewest unfused ops, then the order {', '.join(ORDER)} "
-                         f"({WEIGHTS_ONLY}, int8 weights and float compute, sets no fidelity bar and is never the "
-                         "rule's pick); a "
+                         f"({WEIGHTS_ONLY}, int8 weights and float compute, pinned beside others sets no fidelity "
+                         "bar and is never the rule's pick; built alone where the arithmetic asks for it, see "
+                         "work); a "
                          "contender replaces that pick only when decisively faster: its whole "
                          f"{COVERAGE:.0%} interval on p50 over the pick's below {1 - DECISIVE:g} (race: until no "
                          f"contender can be, at most {RACE_MAX_ROUNDS} rounds / {RACE_MAX_S:g} s)"),
@@ -189,7 +191,7 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
     arithmetic = None
     if backends is None:
         if not transformer and not recurrent:
-            arithmetic = work_of(prepared.model, calibration.samples[0])
+            arithmetic = _arithmetic(prepared.model, calibration.samples[0])
         backends = default_backends(prepared.model, transformer, recurrent, arithmetic)
     ffn = ffn_down_projections(onnx_model=prepared.model) if ffn_down_float else []
     mixed = mixed_range_outputs(prepared.model, calibration.samples[:CHOICE_SAMPLES])
@@ -219,13 +221,16 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
             return Built(name, error=f"{type(exc).__name__}: {first_line(exc)}"[:300])
 
     built = [build(name) for name in backends]
-    if backends == (WEIGHTS_ONLY,) and arithmetic is not None and built[0].error:
-        built += [build(name) for name in BACKENDS]  # no weight could be stored: int8 compute after all
     with tempfile.TemporaryDirectory() as tmp:
         judged, judged_on = ((held_out.samples[:CHOICE_SAMPLES], f"the first {CHOICE_SAMPLES} evaluation samples")
                              if held_out is not None and len(held_out) else
                              (calibration.samples[-CHOICE_SAMPLES:], f"the last {CHOICE_SAMPLES} calibration samples"))
-        fp32_session, sessions = _open(prepared.model, built, judged, Path(tmp))
+        fp32_session, reference = _open_reference(prepared.model, judged, Path(tmp))
+        sessions = _open(built, judged, reference, Path(tmp))
+        fell_back = arithmetic is not None and backends == (WEIGHTS_ONLY,) and built[0].error is not None
+        if fell_back:  # weights-only could not be built or run: int8 compute after all
+            built += [build(name) for name in BACKENDS]
+            sessions.update(_open(built[1:], judged, reference, Path(tmp)))
         usable = [b for b in built if b.model is not None and b.error is None]
         if not usable:
             raise BadInputError("int8: no INT8 backend can quantize this ONNX model: "
@@ -238,14 +243,26 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
         feeds = judged[0]
         timed = race(fp32_session.bind(feeds), [sessions[b.backend].bind(feeds) for b in usable], usable, rule)
     chosen, reason = pick(usable, rule, cosine_floor)
-    if arithmetic is not None and chosen.backend == WEIGHTS_ONLY:
-        reason = (f"int8 weights with float compute: {arithmetic.intensity:.1f} MACs per activation element (below "
-                  f"{FLOAT_COMPUTE_INTENSITY:g}) and {arithmetic.activation_share:.0%} of the compute ops followed by "
-                  f"an activation int8 cannot fold (at least {FLOAT_COMPUTE_ACTIVATIONS:.0%}): on such a net ONNX "
-                  "Runtime's int8 kernels cost more than they save (edgeopt.onnx_work; onnx_backend = \"ort\" pins "
-                  "int8 compute, quantize_static's recipe)")
+    if arithmetic is not None and arithmetic.float_compute:
+        why = (f"{math.floor(arithmetic.intensity * 10) / 10:g} MACs per activation element (below "
+               f"{FLOAT_COMPUTE_INTENSITY:g}) and {arithmetic.activation_share:.0%} of the compute ops followed by an "
+               f"activation int8 cannot fold (at least {FLOAT_COMPUTE_ACTIVATIONS:.0%})")
+        reason = (f"int8 weights with float compute: {why}: on such a net ONNX Runtime's int8 kernels cost more than "
+                  "they save (edgeopt.onnx_work; onnx_backend = \"ort\" pins int8 compute, quantize_static's recipe)"
+                  if not fell_back else
+                  f"{WEIGHTS_ONLY}, which the arithmetic asked for ({why}), failed ({built[0].error}); int8 compute "
+                  f"instead: {reason}")
     return OnnxInt8(chosen.model, chosen.backend, prepared.steps, built, round(timed.p50_ms[0], 4), rule.backend,
                     reason, len(timed.medians), judged_on, cosine_floor, arithmetic)
+
+
+def _arithmetic(model, sample: dict) -> Work | None:
+    """:func:`edgeopt.onnx_work.work_of`, or None (int8 compute, as without the rule) where ONNX Runtime cannot
+    run the probe."""
+    try:
+        return work_of(model, sample)
+    except Exception:  # noqa: BLE001 - a probe the graph does not allow: the default candidates instead
+        return None
 
 
 def mixed_range_outputs(model, samples: list[dict]) -> list[str]:
@@ -311,10 +328,11 @@ def contenders(built: list[Built], floor: float | None = None) -> list[Built]:
     those others are the pool (the fastest candidate that passes the gate, not the fastest that fails it: Silero
     VAD's fusable compute-only graph 0.961 on its state output, NNCF's unfusable one 0.996 at 0.87x FP32) — if
     it is not larger than ``FLOOR_SIZE_SLACK`` times the smallest of them (one that reaches the gate by leaving
-    weights float is not the INT8 artifact asked for). ``WEIGHTS_ONLY`` (float compute, so near-lossless) takes no
-    part in setting the bar: it contends beside the int8-compute candidates that reach it, to win by speed (and
-    reaches the gate's cosine too when they do). It is no rescue from the gate: the int8 step promises int8
-    compute, so where every int8-compute candidate misses the gate :func:`pick` only says that it reaches it."""
+    weights float is not the INT8 artifact asked for). ``WEIGHTS_ONLY`` pinned beside others (float compute, so
+    near-lossless) takes no part in setting the bar: it contends beside the int8-compute candidates that reach it,
+    to win by speed (and reaches the gate's cosine too when they do). It is no rescue from the gate: where the
+    arithmetic asked for int8 compute, every int8-compute candidate missing the gate makes :func:`pick` only say
+    that it reaches it. Built alone (:func:`default_backends`), it is the pool."""
     computed = [b for b in built if b.backend != WEIGHTS_ONLY] or built
     pool = [b for b in computed if b.unfused <= MAX_UNFUSED] or computed
     if floor is not None and all(b.cosine < floor for b in pool):
@@ -332,7 +350,7 @@ def choose(built: list[Built], floor: float | None = None) -> Built:
     the Convs fused too; ``ANCHOR``: quantize_static's recipe, so that edgeopt's default is what a user gets from
     ONNX Runtime's own quantizer); else the best fidelity (cosine to 4 decimals), then fewest unfused ops, then
     ``ORDER``. Not size: every candidate stores int8 weights, their files differ by a few percent. The other
-    contenders, and ``WEIGHTS_ONLY`` always, win only by decisive measured speed (:func:`pick`). ``floor``: as
+    contenders, and ``WEIGHTS_ONLY`` beside others, win only by decisive measured speed (:func:`pick`). ``floor``: as
     :func:`contenders`."""
     pool = contenders(built, floor)
     pool = [b for b in pool if b.backend != WEIGHTS_ONLY] or pool
@@ -773,18 +791,27 @@ def fold_weight_quantizers(model) -> int:
     return folded
 
 
-def _open(fp32_model, built: list[Built], samples: list[dict], folder: Path):
-    """Save the FP32 model and each candidate under ``folder``, open them in ONNX Runtime, fill each candidate's
-    size and fidelity; return the FP32 model's session and the candidates' by backend. A candidate ONNX Runtime
+def _open_reference(fp32_model, samples: list[dict], folder: Path):
+    """Save the FP32 model under ``folder`` and open it in ONNX Runtime: its session and its outputs on
+    ``samples``."""
+    import onnx
+
+    from edgeopt.device.runtime import open_session
+
+    onnx.save(fp32_model, str(folder / "fp32.onnx"))
+    session = open_session(folder / "fp32.onnx", settings_for("onnxruntime"))
+    return session, [session.infer(s) for s in samples]
+
+
+def _open(built: list[Built], samples: list[dict], reference: list, folder: Path) -> dict:
+    """Save each candidate under ``folder``, open it in ONNX Runtime, fill its size and fidelity (against the FP32
+    model's outputs ``reference`` on ``samples``); return the sessions by backend. A candidate ONNX Runtime
     refuses gets an error and is out."""
     import onnx
 
     from edgeopt.device.runtime import open_session
 
     settings = settings_for("onnxruntime")
-    onnx.save(fp32_model, str(folder / "fp32.onnx"))
-    reference_session = open_session(folder / "fp32.onnx", settings)
-    reference = [reference_session.infer(s) for s in samples]
     sessions = {}
     for b in built:
         if b.model is None:
@@ -799,7 +826,7 @@ def _open(fp32_model, built: list[Built], samples: list[dict], folder: Path):
             continue
         b.bytes = path.stat().st_size
         sessions[b.backend] = session
-    return reference_session, sessions
+    return sessions
 
 
 def race(fp32_run, runs: list, built: list[Built], rule: Built) -> Rounds:
