@@ -64,7 +64,10 @@ def load_hf_folder(path: Path, task: str | None, input_shapes: dict, make_source
     length = _length(path, tokenizer, model, input_shapes)
     example = _example(tokenizer, model, length)
     shapes = {name: shape for name, shape in input_shapes.items() if name not in example}
-    return make_source(path, model, example, shapes, tokenizer=tokenizer, model_type="transformer")
+    source = make_source(path, model, example, shapes, tokenizer=tokenizer, model_type="transformer")
+    source.declared_inputs = [TensorSpec(spec.name, (None, None), spec.dtype, spec.batch_axis)  # batch, length
+                              if spec.name in example and len(spec.shape) == 2 else spec for spec in source.inputs]
+    return source
 
 
 def _task_from(config: dict) -> str:

@@ -39,7 +39,8 @@ class SourceModel:
     output_names: list[str] = field(default_factory=list)
     tokenizer: Any = None  # a Hugging Face tokenizer, for text data (Hugging Face model folders)
     model_type: str | None = None  # "transformer" when the source says so (a ``transformers`` model)
-    declared_inputs: list[TensorSpec] = field(default_factory=list)  # an ONNX/IR file's own, None where dynamic
+    declared_inputs: list[TensorSpec] = field(default_factory=list)  # None where dynamic: an ONNX/IR file's, a HF
+    # folder's (batch and length); none for a PyTorch factory, whose example input sets every dimension
 
     def fixed_dims(self) -> list[str]:
         """The input dimensions the file declares dynamic and ``inputs`` fixes (``x[0] = 1``): what the

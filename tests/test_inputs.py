@@ -243,6 +243,7 @@ def test_hugging_face_folder_compresses_with_text_calibration(tmp_path, hf_folde
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
     assert any("model_type=transformer" in note for note in report["notes"])
+    assert any("input_ids[0] = 1, input_ids[1] = 24" in note for note in report["notes"])  # length fixed: said
     for fmt in ("openvino", "onnx"):
         quality = report["quality"]["artifacts"][fmt]
         assert set(quality["outputs"]) == {"last_hidden_state", "pooler_output"}
