@@ -36,8 +36,9 @@ from edgeopt.onnx_prep import probe_tensors, tensor_readers
 
 COMPUTE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 FOLDED_ACTIVATIONS = ("Relu", "Clip")  # what ONNX Runtime folds into QLinearConv/QLinearMatMul
+# activations that do not fold: their own int8 op, or float between a dequantize and a quantize
 ACTIVATIONS = ("Sigmoid", "HardSigmoid", "HardSwish", "Swish", "PRelu", "LeakyRelu", "Tanh", "Elu", "Selu", "Celu",
-               "Softplus", "Softsign", "Mish", "Gelu", "Erf")  # activations that do not fold (their own int8 op, or float between Q/DQ)
+               "Softplus", "Softsign", "Mish", "Gelu", "Erf")
 FLOAT_COMPUTE_INTENSITY = 20.0  # MACs per activation element below which int8 compute may not pay
 FLOAT_COMPUTE_ACTIVATIONS = 0.5  # share of compute ops followed by an unfolded activation from which it may not
 

@@ -155,15 +155,8 @@ def _check_not_quantized(source) -> None:
     """An ONNX model a quantizer already wrote is no FP32 reference to compress and compare against (its
     OpenVINO conversion dequantizes the weights: ddddocr's 13.6 MB dynamic-int8 OCR model became a 45.6 MB IR,
     measured "smaller than FP32" against its own dequantized form)."""
-    if source.kind != "onnx":
-        return
-    import onnx
-
-    from edgeopt.onnx_prep import quantized_ops
-
-    counts = quantized_ops(onnx.load(str(source.onnx_path or source.path), load_external_data=False))
-    if counts:
-        found = ", ".join(f"{n} {op}" for op, n in sorted(counts.items(), key=lambda kv: -kv[1])[:4])
+    if source.quantized_ops:
+        found = ", ".join(f"{n} {op}" for op, n in sorted(source.quantized_ops.items(), key=lambda kv: -kv[1])[:4])
         raise BadInputError(f"{source.path}: already quantized ({found}); a precision step needs the float "
                             "model to compress and compare against: give the FP32 original")
 
@@ -190,19 +183,19 @@ def compress_recipe(model: str | Path, calibration: str | Path, recipe: Recipe, 
     scratch = tempfile.TemporaryDirectory(prefix="edgeopt-pinned-")  # the folded model, when inputs are pinned
     try:
         return _compress_loaded(model, calibration, recipe, out=out, profile=profile, formats=formats,
-                                left_out=left_out, eval_data=eval_data, gate=gate, shapes=shapes, seed=seed, eval_settings=eval_settings,
-                                train_data=train_data, step_report=step_report, quiet=quiet, measuring=measuring,
-                                batch_axes=batch_axes, task=task, golden_set=golden_set, timer=timer,
-                                scratch=Path(scratch.name))
+                                left_out=left_out, eval_data=eval_data, gate=gate, shapes=shapes, seed=seed,
+                                eval_settings=eval_settings, train_data=train_data, step_report=step_report,
+                                quiet=quiet, measuring=measuring, batch_axes=batch_axes, task=task,
+                                golden_set=golden_set, timer=timer, scratch=Path(scratch.name))
     finally:
         scratch.cleanup()
 
 
 def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target | None, formats: tuple[str, ...],
-                     left_out: str | None, eval_data, gate: QualityGate, shapes: dict, seed: int, eval_settings: RuntimeSettings,
-                     train_data, step_report: bool | None, quiet: bool, measuring: Measuring | None,
-                     batch_axes: dict | None, task: str | None, golden_set: GoldenSet | None, timer: "_Timer",
-                     scratch: Path) -> CompressResult:
+                     left_out: str | None, eval_data, gate: QualityGate, shapes: dict, seed: int,
+                     eval_settings: RuntimeSettings, train_data, step_report: bool | None, quiet: bool,
+                     measuring: Measuring | None, batch_axes: dict | None, task: str | None,
+                     golden_set: GoldenSet | None, timer: "_Timer", scratch: Path) -> CompressResult:
     with timer("load"):
         axes = {**(getattr(profile, "batch_axes", None) or {}), **(batch_axes or {})}
         source = load_model(model, shapes, axes, task)

@@ -19,7 +19,7 @@ import numpy as np
 from edgeopt.batch_axes import check_batch_axis, model_batch_axis
 from edgeopt.device.runtime import TensorSpec, format_shape
 from edgeopt.errors import BadInputError, first_line
-from edgeopt.onnx_prep import describe_unsupported
+from edgeopt.onnx_prep import describe_unsupported, quantized_ops
 from edgeopt.torch_inputs import torch_call
 from edgeopt.user_code import call, is_function_spec, load_function
 
@@ -39,6 +39,7 @@ class SourceModel:
     output_names: list[str] = field(default_factory=list)
     tokenizer: Any = None  # a Hugging Face tokenizer, for text data (Hugging Face model folders)
     model_type: str | None = None  # "transformer" when the source says so (a ``transformers`` model)
+    quantized_ops: dict[str, int] = field(default_factory=dict)  # an ONNX file's (edgeopt.onnx_prep.quantized_ops)
     declared_inputs: list[TensorSpec] = field(default_factory=list)  # None where dynamic: an ONNX/IR file's, a HF
     # folder's (batch and length); none for a PyTorch factory, whose example input sets every dimension
 
@@ -309,7 +310,8 @@ def _load_onnx(path: Path, input_shapes: dict, batch_axes: dict) -> SourceModel:
         specs.append(TensorSpec(value.name, tuple(size for size, _ in declared), dtype, model_batch_axis(declared)))
     outputs = [value.name for value in model.graph.output]
     return SourceModel("onnx", path, _resolve_shapes(path, _with_batch_axes(path, specs, batch_axes), input_shapes),
-                       onnx_path=path, output_names=outputs, declared_inputs=specs)
+                       onnx_path=path, output_names=outputs, quantized_ops=quantized_ops(model),
+                       declared_inputs=specs)
 
 
 def _load_openvino(path: Path, input_shapes: dict, batch_axes: dict) -> SourceModel:

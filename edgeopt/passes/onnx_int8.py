@@ -69,8 +69,8 @@ from edgeopt.data import SampleSet
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.model_type import ffn_down_projections
 from edgeopt.onnx_prep import normalise, probe_tensors, tensor_readers
-from edgeopt.onnx_work import (COMPUTE_OPS, FLOAT_COMPUTE_ACTIVATIONS, FLOAT_COMPUTE_INTENSITY, Work,
-                               work_of)
+from edgeopt.onnx_work import (COMPUTE_OPS, FLOAT_COMPUTE_ACTIVATIONS, FLOAT_COMPUTE_INTENSITY, FOLDED_ACTIVATIONS,
+                               Work, work_of)
 from edgeopt.passes.onnx_weights_only import symmetric_int8, weights_only
 from edgeopt.recurrent import ONNX_CELLS, ONNX_WEIGHT_AXIS, ONNX_WEIGHT_INPUTS, has_onnx_cells
 from edgeopt.vs_fp32 import (BLOCK_S, COVERAGE, THREADS, Rounds, interleaved_rounds, median_interval,
@@ -175,17 +175,17 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
     is a one-line ``BadInputError`` naming what stopped them. ``backends``: by default NNCF's, ONNX Runtime's
     static QDQ (``ort``) and quantize_static with only Conv/ConvTranspose/Gemm/MatMul quantized (``ort-conv``), or
     int8 weights with float compute (``WEIGHTS_ONLY``) alone where :mod:`edgeopt.onnx_work` says int8 compute
-    cannot pay (:func:`default_backends`); for a transformer NNCF's and ONNX Runtime's dynamic quantization (``ort-dynamic``), and where Conv weights are
-    a substantial share (:func:`conv_weight_share`, at least ``HYBRID_CONV_SHARE``: a CNN backbone with attention
-    blocks, such as SVTR) the per-block recipe ``ort-hybrid`` too (:func:`_ort_hybrid`). ``ignored``: node names
-    every backend leaves in float. ``transformer``: NNCF's candidate gets the model type through
-    ``nncf_options``; ``ffn_down_float``: the FFN down-projections keep float activations (int8 weights);
-    ``recurrent_float``: in a model with recurrent cells only the compute ops are quantized (NNCF's and
-    ``ort-conv``), the cells' weights int8 (``edgeopt.recurrent``). ``held_out``: evaluation samples; the
-    candidates' fidelity is judged on its first ``CHOICE_SAMPLES`` (else on the last calibration samples, which
-    flatter the static candidates calibrated on them: on PP-OCR cls both scored 0.999999 there, 0.9925 and
-    0.9999 held out). ``cosine_floor``: the quality gate's cosine, when cosine is what it judges: a candidate
-    that reaches it beats fusable ones that do not (:func:`contenders`)."""
+    cannot pay (:func:`default_backends`); for a transformer NNCF's and ONNX Runtime's dynamic quantization
+    (``ort-dynamic``), and where Conv weights are a substantial share (:func:`conv_weight_share`, at least
+    ``HYBRID_CONV_SHARE``: a CNN backbone with attention blocks, such as SVTR) the per-block recipe ``ort-hybrid``
+    too (:func:`_ort_hybrid`). ``ignored``: node names every backend leaves in float. ``transformer``: NNCF's
+    candidate gets the model type through ``nncf_options``; ``ffn_down_float``: the FFN down-projections keep float
+    activations (int8 weights); ``recurrent_float``: in a model with recurrent cells only the compute ops are
+    quantized (NNCF's and ``ort-conv``), the cells' weights int8 (``edgeopt.recurrent``). ``held_out``: evaluation
+    samples; the candidates' fidelity is judged on its first ``CHOICE_SAMPLES`` (else on the last calibration
+    samples, which flatter the static candidates calibrated on them: on PP-OCR cls both scored 0.999999 there,
+    0.9925 and 0.9999 held out). ``cosine_floor``: the quality gate's cosine, when cosine is what it judges: a
+    candidate that reaches it beats fusable ones that do not (:func:`contenders`)."""
     prepared = normalise(model, feeds=calibration.samples[0])
     recurrent = recurrent_float and has_onnx_cells(prepared.model)
     arithmetic = None
@@ -402,8 +402,9 @@ def _pick(built: list[Built], rule: Built) -> tuple[Built, str]:
                          "Runtime's int8 kernels cost more than they save on this model"
                          if best.backend == WEIGHTS_ONLY else "")
         return best, (f"decisively faster{float_compute}: p50 {ratio:.2f}x of {rule.backend}'s "
-                      f"({COVERAGE:.0%} interval {low:.2f}-{high:.2f}x, below {1 - DECISIVE:g}), fidelity within {FIDELITY_TOLERANCE} of the "
-                      f"best (a choice by speed on this host: onnx_backend = \"{best.backend}\" pins it)")
+                      f"({COVERAGE:.0%} interval {low:.2f}-{high:.2f}x, below {1 - DECISIVE:g}), fidelity within "
+                      f"{FIDELITY_TOLERANCE} of the best (a choice by speed on this host: onnx_backend = "
+                      f"\"{best.backend}\" pins it)")
     unfusable_on_purpose = rule.unfused > MAX_UNFUSED and any(b.unfused <= MAX_UNFUSED for b in built)
     alone = ("the only usable candidate" if len(built) == 1 else
              "the fusable candidates miss the quality gate's cosine and this one reaches it" if unfusable_on_purpose
@@ -437,7 +438,7 @@ def unfused_share(model) -> float:
         if not users or tensor in outputs:
             return False
         return all((u.op_type == "QuantizeLinear" and _fusable_quantizer(u, inits, consumers))
-                   or (u.op_type in ("Relu", "Clip") and requantized(u.output[0])) for u in users)
+                   or (u.op_type in FOLDED_ACTIVATIONS and requantized(u.output[0])) for u in users)
 
     def dequantized(tensor: str) -> bool:
         return getattr(producer.get(tensor), "op_type", "") == "DequantizeLinear"
@@ -622,7 +623,7 @@ def compute_nodes(model, ops: tuple[str, ...] = COMPUTE_OPS) -> list[str]:
         if node.op_type in ops:
             names.append(node.name)
             users = readers.get(node.output[0], [])
-            if len(users) == 1 and users[0].op_type in ("Relu", "Clip"):
+            if len(users) == 1 and users[0].op_type in FOLDED_ACTIVATIONS:
                 names.append(users[0].name)
     return names
 
