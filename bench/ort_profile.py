@@ -44,8 +44,8 @@ def prepare(name: str, work: Path):
     entry = next(e for e in conformance.CORPUS if e.name == name)
     spec = conformance.model_spec(entry, work)
     source = load_model(spec, {k: tuple(v) for k, v in entry.shapes.items()})
-    calib = conformance.make_data(source.inputs, conformance.CALIB, 0, entry.text)
-    held = conformance.make_data(source.inputs, conformance.EVAL, 1, entry.text)
+    calib = conformance.make_data(source.inputs, conformance.CALIB, 0, entry)
+    held = conformance.make_data(source.inputs, conformance.EVAL, 1, entry)
     path = Path(spec) if spec.endswith(".onnx") else conformance.save_fp32(source, work / "fp32")[1]  # a factory
     return path, conformance.split(calib, conformance.CALIB), conformance.split(held, conformance.EVAL)
 

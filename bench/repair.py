@@ -109,8 +109,8 @@ def prepare(entry, work: Path, calib_count: int, eval_count: int):
     shapes = {k: tuple(v) for k, v in entry.shapes.items()}
     source = load_model(spec, shapes)
     calib, held = work / "calib.npz", work / "eval.npz"
-    np.savez(calib, **conformance.make_data(source.inputs, calib_count, 0, entry.text))
-    np.savez(held, **conformance.make_data(source.inputs, eval_count, 1, entry.text))
+    np.savez(calib, **conformance.make_data(source.inputs, calib_count, 0, entry))
+    np.savez(held, **conformance.make_data(source.inputs, eval_count, 1, entry))
     return spec, shapes, source, calib, held
 
 

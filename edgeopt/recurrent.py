@@ -63,34 +63,11 @@ def choose_scope(ov_model, samples: list[dict], float_ops: list[str], quantize) 
     written to an IR and read back (the in-memory model reads better than the file, see above) and compared with
     ``ov_model`` on ``samples`` by its worst output's cosine. Returns the model kept, the names it keeps float
     and a note with both figures."""
-    import tempfile
-    from pathlib import Path
+    from edgeopt.passes.closest import quantize_closest
 
-    import openvino as ov
-
-    from edgeopt.data import SampleSet
-    from edgeopt.evaluate import all_outputs, compare_outputs
-    from edgeopt.judge import compiled_predictor
-
-    samples = samples[:SAMPLES]
-
-    def outputs(model):
-        return all_outputs(compiled_predictor(model), SampleSet(samples, None, "calibration"), []).values
-
-    reference = outputs(ov_model)
-    results = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for index, extra in enumerate(([], float_ops)):
-            quantized = quantize(ov_model.clone(), extra)
-            path = Path(tmp) / f"scope{index}.xml"
-            ov.save_model(quantized, str(path))
-            read = ov.Core().read_model(str(path))
-            results.append((min(compare_outputs(o, r).cosine for o, r in zip(outputs(read), reference)),
-                            quantized, extra))
-    (nncf_cos, nncf_model, _), (float_cos, float_model, _) = results
-    kept_float = float_cos > nncf_cos + TOLERANCE
-    figures = (f"worst-output cosine of the IR read back on {len(samples)} calibration samples: NNCF's scope "
-               f"{nncf_cos:.4f}, recurrent cells and element-wise ops float {float_cos:.4f}")
-    if kept_float:
-        return float_model, float_ops, f"recurrent cells and {len(float_ops)} non-compute op(s) kept float ({figures})"
-    return nncf_model, [], f"recurrent cells quantized as NNCF does ({figures})"
+    scopes = {"NNCF's scope": [], "recurrent cells and element-wise ops float": float_ops}
+    kept = quantize_closest(ov_model, samples[:SAMPLES], scopes, quantize, tolerance=TOLERANCE, read_back=True)
+    figures = f"worst-output cosine of the IR read back on {kept.samples} calibration samples: {kept.figures}"
+    if kept.choice:
+        return kept.model, float_ops, f"recurrent cells and {len(float_ops)} non-compute op(s) kept float ({figures})"
+    return kept.model, [], f"recurrent cells quantized as NNCF does ({figures})"

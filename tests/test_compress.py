@@ -184,7 +184,7 @@ def test_int8_recipe_file_sets_preset_subset_and_ignored_scope(cli, tmp_path, ti
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["recipe_steps"] == [{"name": "int8", "params": {"preset": "mixed", "subset_size": 16,
                                                                   "ignored_scope": [names[0]]}}]
-    assert "preset=mixed, subset=16" in report["notes"][0]
+    assert "preset=mixed (set by the recipe), subset=16" in report["notes"][0]
     model = ov.Core().read_model(str(out / "model.xml"))
     quantized_inputs = {op.input_value(1).get_node().get_type_name() for op in model.get_ops()
                         if op.get_friendly_name() == names[0]}

@@ -8,10 +8,13 @@ from typing import Literal
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.model_type import TRANSFORMER, ModelType, detect_model_type, ffn_down_projections
 from edgeopt.passes.base import PassContext, WorkingModel
+from edgeopt.passes.closest import quantize_closest
 from edgeopt.passes.config import StepConfig, number
 from edgeopt.passes.onnx_int8 import quantize_onnx
 from edgeopt.passes.registry import GRAPH, register
 from edgeopt.passes.smooth_quant import quantize_choosing_smooth_quant, smooth_quant_parameters
+from edgeopt.presets import SAMPLES as PRESET_SAMPLES
+from edgeopt.presets import auto_presets, negative_tail_activations
 from edgeopt.recurrent import choose_scope, openvino_float_ops
 
 Preset = Literal["auto", "performance", "mixed"]
@@ -26,8 +29,10 @@ def nncf_preset(preset: str):
 
 @dataclass(frozen=True)
 class Int8Config(StepConfig):
-    """``preset = "auto"``: NNCF's choice for the model type (MIXED, asymmetric activations, for transformers;
-    PERFORMANCE otherwise). ``model_type = "auto"``: ``edgeopt.model_type`` recognises transformers.
+    """``preset = "auto"``: NNCF's for the model type (MIXED, asymmetric activations, for transformers;
+    PERFORMANCE otherwise), and for a CNN whose activations have a negative tail (SiLU, GELU, PReLU...) both, the
+    one closer to FP32 kept (``edgeopt.presets``).
+    ``model_type = "auto"``: ``edgeopt.model_type`` recognises transformers.
     ``smooth_quant_alpha`` (transformers; -1 turns it off): by default chosen by measurement
     (``edgeopt.passes.smooth_quant``). ``ffn_down_float`` (transformers): the FFN's second projection, whose
     input carries outlier neurons, stays in float (``edgeopt.model_type.ffn_down_projections``).
@@ -91,6 +96,7 @@ class Quantized:
     transformer: bool
     ffn_down_float: bool  # the FFN down-projections were kept in float (``Int8Config.ffn_down_float``)
     smooth_quant_alpha: float | None = None  # the alpha used on MatMul inputs (transformers; -1: off), chosen or set
+    measured_preset: str | None = None  # the preset ``auto`` chose by measurement (edgeopt.presets), if it did
 
 
 def quantize_openvino(ov_model, source_model_type: str | None, calibration, config: Int8Config, *,
@@ -109,8 +115,11 @@ def quantize_openvino(ov_model, source_model_type: str | None, calibration, conf
     ignored = list(config.ignored_scope or []) + ffn
     float_ops = ([n for n in openvino_float_ops(ov_model) if n not in ignored]
                  if config.recurrent_float and not transformer else [])
+    presets = auto_presets(ov_model, transformer) if config.preset == "auto" else (config.preset,)
+    preset = (f"{presets[0]} (set by the recipe)" if config.preset != "auto" else f"{presets[0]} (NNCF's for "
+              f"{'transformers' if transformer else 'CNNs: no activation with a negative tail'})")
     kwargs = dict(
-        preset=nncf_preset(config.preset),
+        preset=nncf_preset(presets[0]),
         subset_size=min(config.subset_size, len(calibration)),
         fast_bias_correction=config.fast_bias_correction,
         model_type=kind.nncf(),
@@ -131,6 +140,7 @@ def quantize_openvino(ov_model, source_model_type: str | None, calibration, conf
         return dict(kwargs, ignored_scope=nncf.IgnoredScope(names=names, validate=False) if names else None)
 
     smooth_quant = recurrent = ""
+    measured_preset = None
     try:
         if float_ops:
             quantized, kept_float, recurrent = choose_scope(
@@ -141,6 +151,15 @@ def quantize_openvino(ov_model, source_model_type: str | None, calibration, conf
             quantized, smooth_quant_alpha, smooth_quant = quantize_choosing_smooth_quant(
                 ov_model, calibration.samples,
                 lambda m, alpha: nncf.quantize(m, dataset, **kwargs, advanced_parameters=advanced(alpha)))
+        elif len(presets) > 1:
+            closest = quantize_closest(ov_model, calibration.samples[:PRESET_SAMPLES], {p: p for p in presets},
+                                       lambda m, p: nncf.quantize(m, dataset, **dict(kwargs, preset=nncf_preset(p)),
+                                                                  advanced_parameters=advanced(None)))
+            quantized, measured_preset = closest.model, closest.choice
+            kwargs["preset"] = nncf_preset(measured_preset)
+            preset = (f"{measured_preset} (chosen by worst-output cosine on {closest.samples} calibration samples: "
+                      f"{closest.figures}; {', '.join(negative_tail_activations(ov_model))} activations have a "
+                      "negative tail)")
         else:
             if transformer:
                 smooth_quant = f"SmoothQuant alpha {smooth_quant_alpha} (set by the recipe)"
@@ -152,15 +171,14 @@ def quantize_openvino(ov_model, source_model_type: str | None, calibration, conf
         raise BadInputError(f"int8: NNCF cannot quantize this model ({unsupported_message(ov_model, exc)})") from exc
     if transformer:
         kwargs["advanced_parameters"] = smooth_quant_parameters(smooth_quant_alpha)
-    chosen = config.preset if config.preset != "auto" else ("mixed" if transformer else "performance")
     smooth_quant = f", {smooth_quant}" if smooth_quant else ""
     kept = f", {len(ffn)} FFN down-projection(s) kept in float" if ffn_down_float else ""
     if recurrent:
         kept += f", {recurrent}"
-    note = (f"preset={chosen}, subset={kwargs['subset_size']} samples, model_type={kind.describe()}"
+    note = (f"preset={preset}, subset={kwargs['subset_size']} samples, model_type={kind.describe()}"
             f"{smooth_quant}{kept}")
     return Quantized(quantized, kwargs, note, transformer, ffn_down_float,
-                     smooth_quant_alpha if transformer else None)
+                     smooth_quant_alpha if transformer else None, measured_preset)
 
 
 def compress_quantized_weights(ov_model) -> None:

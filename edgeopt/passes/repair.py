@@ -7,7 +7,7 @@ gate on the evaluation set (``edgeopt.judge``, the measures the pipeline's gate 
 2. ``model_type``: a graph with MatMuls not recognised as a transformer is tried as one (SmoothQuant, MIXED);
 3. ``smooth_quant``: a transformer with SmoothQuant alpha 0.5 (besides the int8 step's 0.95 / off);
 4. ``bias_correction``: full bias correction instead of the fast one;
-5. ``preset``: MIXED (asymmetric activations), when PERFORMANCE was in use;
+5. ``preset``: MIXED (asymmetric activations), when ``auto`` did not try it (``edgeopt.presets``);
 6. ``float_ops``: the k most sensitive operations (``edgeopt.sensitivity``) kept in float, at most
    ``max_float_share`` of the quantized operations; k by bisection on the INT8 model with the operations reverted
    (NNCF's accuracy-control edit: no calibration per probe); the reverted model is the result. With
@@ -41,6 +41,7 @@ from edgeopt.passes.base import PassContext, WorkingModel
 from edgeopt.passes.config import StepConfig, number
 from edgeopt.passes.quantize import Int8Config, Quantized, compress_quantized_weights, quantize_openvino
 from edgeopt.passes.registry import GRAPH, register
+from edgeopt.presets import MIXED, auto_presets
 from edgeopt.sensitivity import Reverter, Sensitivity, analyse
 
 SMOOTH_QUANT_ALPHA = 0.5  # the SmoothQuant paper's default; NNCF's is 0.95
@@ -206,8 +207,10 @@ def int8_repair(model: WorkingModel, ctx: PassContext, config: Int8RepairConfig)
 
 def _chosen(quantized: Quantized) -> dict:
     """What the int8 step chose by measurement, pinned for the later rungs and the final recipe: a transformer's
-    SmoothQuant alpha (choosing it again would cost two calibrations per rung, and could pick differently)."""
-    return {"smooth_quant_alpha": quantized.smooth_quant_alpha} if quantized.smooth_quant_alpha is not None else {}
+    SmoothQuant alpha, a CNN's preset (choosing again would cost two calibrations per rung, and could pick
+    differently)."""
+    chosen = {"smooth_quant_alpha": quantized.smooth_quant_alpha} if quantized.smooth_quant_alpha is not None else {}
+    return chosen | ({"preset": quantized.measured_preset} if quantized.measured_preset is not None else {})
 
 
 def _closer(judge: Judge, score: float, best: float) -> bool:
@@ -227,8 +230,8 @@ def _ladder(ov_model, source_model_type: str | None) -> list[tuple[str, dict]]:
     # transformers too: on all-MiniLM-L6-v2 at cosine 0.997 full bias correction closes only 11 % of the gap, yet
     # without it no k within max_float_share passes (float islands of 8 of 39 operations do; bench/repair.py)
     rungs.append(("bias_correction", {"fast_bias_correction": False}))
-    if not transformer:
-        rungs.append(("preset", {"preset": "mixed"}))
+    if MIXED not in auto_presets(ov_model, transformer):
+        rungs.append(("preset", {"preset": MIXED}))
     return rungs
 
 

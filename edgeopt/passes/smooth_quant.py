@@ -8,11 +8,7 @@ ways and keeps the one whose worst output is closer to the FP32 model's on a few
 
 from __future__ import annotations
 
-import numpy as np
-
-from edgeopt.data import SampleSet
-from edgeopt.evaluate import all_outputs, compare_outputs
-from edgeopt.judge import compiled_predictor
+from edgeopt.passes.closest import quantize_closest
 
 CANDIDATES = {"SmoothQuant alpha 0.95 (NNCF's default)": 0.95, "no SmoothQuant": -1.0}
 SAMPLES = 32  # enough to rank two candidates; the gate measures the winner on all of the evaluation data
@@ -29,19 +25,6 @@ def smooth_quant_parameters(alpha: float):
 def quantize_choosing_smooth_quant(ov_model, samples: list[dict], quantize) -> tuple[object, float, str]:
     """``quantize(model, alpha)`` for each candidate; return the model with the best worst-output
     cosine on ``samples`` (calibration samples), its alpha, and a note with every candidate's figure."""
-    samples = samples[:SAMPLES]
-    reference = _outputs(ov_model, samples)
-    results = []
-    for label, alpha in CANDIDATES.items():
-        quantized = quantize(ov_model.clone(), alpha)
-        worst = min(compare_outputs(o, r).cosine for o, r in zip(_outputs(quantized, samples), reference))
-        results.append((worst, alpha, label, quantized))
-    best = max(results, key=lambda r: r[0])
-    figures = ", ".join(f"{label}: {worst:.4f}" for worst, _, label, _ in results)
-    return best[3], best[1], (f"{best[2]}, chosen by worst-output cosine on {len(samples)} calibration samples "
-                              f"({figures})")
-
-
-def _outputs(ov_model, samples: list[dict]) -> list[np.ndarray]:
-    """Every output of ``ov_model`` for every sample, computed in f32 (one samples x values array per output)."""
-    return all_outputs(compiled_predictor(ov_model), SampleSet(samples, None, "calibration"), []).values
+    kept = quantize_closest(ov_model, samples[:SAMPLES], CANDIDATES, quantize)
+    return kept.model, kept.choice, (f"{kept.label}, chosen by worst-output cosine on {kept.samples} calibration "
+                                     f"samples ({kept.figures})")
