@@ -546,6 +546,7 @@ def run_entry(entry: Entry, work: Path, timing: bool = True) -> dict:
     fp32_ir, fp32_onnx = save_fp32(converted, work / "fp32")
     row["recipe"] = report["recipe"]
     choice = (report.get("decisions") or {}).get("onnx_int8", {})
+    row["int8_preset"] = ((report.get("decisions") or {}).get("int8") or {}).get("preset")
     row["onnx_backend"] = choice.get("backend")
     row["onnx_choice"] = {"chosen_by": choice.get("chosen_by"), "reason": choice.get("reason"),
                           "candidates": {c["backend"]: {k: c.get(k) for k in ("p50_ratio", "p50_ratio_interval",

@@ -85,7 +85,8 @@ class Space:
 
     @property
     def other_preset(self) -> str:
-        """The preset NNCF's ``auto`` does not pick for this model type."""
+        """The preset NNCF's default for this model type is not (``auto`` may measure both on a CNN with
+        negative-tail activations, ``edgeopt.presets``; then this trial can repeat its pick)."""
         return "performance" if self.transformer else "mixed"
 
     def starting_points(self) -> list[dict]:

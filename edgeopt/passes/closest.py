@@ -19,8 +19,12 @@ class Closest(Generic[T]):
     model: object  # the openvino.Model kept
     choice: T  # what it was quantized with
     label: str  # the choice, in words
-    figures: str  # every candidate's worst-output cosine, in words
+    cosines: dict[str, float]  # every candidate's worst-output cosine, by label
     samples: int  # how many calibration samples they were measured on
+
+    @property
+    def figures(self) -> str:
+        return ", ".join(f"{label}: {cosine:.4f}" for label, cosine in self.cosines.items())
 
 
 def quantize_closest(ov_model, samples: list[dict], candidates: dict[str, T], quantize: Callable[[object, T], object],
@@ -54,5 +58,4 @@ def quantize_closest(ov_model, samples: list[dict], candidates: dict[str, T], qu
     for result in results[1:]:
         if result[0] > best[0] + tolerance:
             best = result
-    figures = ", ".join(f"{label} {worst:.4f}" for worst, label, _, _ in results)
-    return Closest(best[3], best[2], best[1], figures, len(samples))
+    return Closest(best[3], best[2], best[1], {label: worst for worst, label, _, _ in results}, len(samples))

@@ -14,7 +14,8 @@ from edgeopt.passes.onnx_int8 import quantize_onnx
 from edgeopt.passes.registry import GRAPH, register
 from edgeopt.passes.smooth_quant import quantize_choosing_smooth_quant, smooth_quant_parameters
 from edgeopt.presets import SAMPLES as PRESET_SAMPLES
-from edgeopt.presets import auto_presets, negative_tail_activations
+from edgeopt.presets import TOLERANCE as PRESET_TOLERANCE
+from edgeopt.presets import PresetChoice, auto_presets
 from edgeopt.recurrent import choose_scope, openvino_float_ops
 
 Preset = Literal["auto", "performance", "mixed"]
@@ -66,6 +67,7 @@ def int8(model: WorkingModel, ctx: PassContext, config: Int8Config) -> None:
     model.precision = "int8"
     model.float_weights_fp16 = True
     model.notes.append(f"int8: {quantized.note}")
+    model.decisions["int8"] = {"preset": quantized.preset.describe()}
     if "onnx" in model.graphs:
         onnx_options = {k: v for k, v in quantized.kwargs.items() if k not in ("subset_size", "ignored_scope")}
         picked = quantize_onnx(model.graphs["onnx"], ctx.calibration, subset_size=quantized.kwargs["subset_size"],
@@ -96,7 +98,7 @@ class Quantized:
     transformer: bool
     ffn_down_float: bool  # the FFN down-projections were kept in float (``Int8Config.ffn_down_float``)
     smooth_quant_alpha: float | None = None  # the alpha used on MatMul inputs (transformers; -1: off), chosen or set
-    measured_preset: str | None = None  # the preset ``auto`` chose by measurement (edgeopt.presets), if it did
+    preset: PresetChoice | None = None  # the preset used and why (edgeopt.presets)
 
 
 def quantize_openvino(ov_model, source_model_type: str | None, calibration, config: Int8Config, *,
@@ -115,11 +117,11 @@ def quantize_openvino(ov_model, source_model_type: str | None, calibration, conf
     ignored = list(config.ignored_scope or []) + ffn
     float_ops = ([n for n in openvino_float_ops(ov_model) if n not in ignored]
                  if config.recurrent_float and not transformer else [])
-    presets = auto_presets(ov_model, transformer) if config.preset == "auto" else (config.preset,)
-    preset = (f"{presets[0]} (set by the recipe)" if config.preset != "auto" else f"{presets[0]} (NNCF's for "
-              f"{'transformers' if transformer else 'CNNs: no activation with a negative tail'})")
+    auto = auto_presets(ov_model, transformer) if config.preset == "auto" else None
+    preset = (PresetChoice(config.preset, "recipe", "set by the recipe") if auto is None else
+              PresetChoice(auto.presets[0], "rule", auto.reason))
     kwargs = dict(
-        preset=nncf_preset(presets[0]),
+        preset=nncf_preset(preset.name),
         subset_size=min(config.subset_size, len(calibration)),
         fast_bias_correction=config.fast_bias_correction,
         model_type=kind.nncf(),
@@ -140,7 +142,6 @@ def quantize_openvino(ov_model, source_model_type: str | None, calibration, conf
         return dict(kwargs, ignored_scope=nncf.IgnoredScope(names=names, validate=False) if names else None)
 
     smooth_quant = recurrent = ""
-    measured_preset = None
     try:
         if float_ops:
             quantized, kept_float, recurrent = choose_scope(
@@ -151,15 +152,14 @@ def quantize_openvino(ov_model, source_model_type: str | None, calibration, conf
             quantized, smooth_quant_alpha, smooth_quant = quantize_choosing_smooth_quant(
                 ov_model, calibration.samples,
                 lambda m, alpha: nncf.quantize(m, dataset, **kwargs, advanced_parameters=advanced(alpha)))
-        elif len(presets) > 1:
-            closest = quantize_closest(ov_model, calibration.samples[:PRESET_SAMPLES], {p: p for p in presets},
+        elif auto is not None and len(auto.presets) > 1:
+            closest = quantize_closest(ov_model, calibration.samples[:PRESET_SAMPLES], {p: p for p in auto.presets},
                                        lambda m, p: nncf.quantize(m, dataset, **dict(kwargs, preset=nncf_preset(p)),
-                                                                  advanced_parameters=advanced(None)))
-            quantized, measured_preset = closest.model, closest.choice
-            kwargs["preset"] = nncf_preset(measured_preset)
-            preset = (f"{measured_preset} (chosen by worst-output cosine on {closest.samples} calibration samples: "
-                      f"{closest.figures}; {', '.join(negative_tail_activations(ov_model))} activations have a "
-                      "negative tail)")
+                                                                  advanced_parameters=advanced(None)),
+                                       tolerance=PRESET_TOLERANCE)
+            quantized = closest.model
+            preset = PresetChoice(closest.choice, "measurement", auto.reason, closest.cosines, closest.samples)
+            kwargs["preset"] = nncf_preset(preset.name)
         else:
             if transformer:
                 smooth_quant = f"SmoothQuant alpha {smooth_quant_alpha} (set by the recipe)"
@@ -175,10 +175,10 @@ def quantize_openvino(ov_model, source_model_type: str | None, calibration, conf
     kept = f", {len(ffn)} FFN down-projection(s) kept in float" if ffn_down_float else ""
     if recurrent:
         kept += f", {recurrent}"
-    note = (f"preset={preset}, subset={kwargs['subset_size']} samples, model_type={kind.describe()}"
+    note = (f"preset={preset.note()}, subset={kwargs['subset_size']} samples, model_type={kind.describe()}"
             f"{smooth_quant}{kept}")
     return Quantized(quantized, kwargs, note, transformer, ffn_down_float,
-                     smooth_quant_alpha if transformer else None, measured_preset)
+                     smooth_quant_alpha if transformer else None, preset)
 
 
 def compress_quantized_weights(ov_model) -> None:

@@ -3,7 +3,8 @@
 Rungs, each kept when it closes at least a tenth of the gap to the gate (cumulative), each judged by the quality
 gate on the evaluation set (``edgeopt.judge``, the measures the pipeline's gate applies):
 
-1. ``int8``: the plain step (model type recognised from the source or graph, NNCF's preset for it);
+1. ``int8``: the plain step (model type recognised from the source or graph, the preset ``auto`` gives it:
+   ``edgeopt.presets``; a preset or SmoothQuant alpha it chose by measurement is pinned for the later rungs);
 2. ``model_type``: a graph with MatMuls not recognised as a transformer is tried as one (SmoothQuant, MIXED);
 3. ``smooth_quant``: a transformer with SmoothQuant alpha 0.5 (besides the int8 step's 0.95 / off);
 4. ``bias_correction``: full bias correction instead of the fast one;
@@ -210,7 +211,8 @@ def _chosen(quantized: Quantized) -> dict:
     SmoothQuant alpha, a CNN's preset (choosing again would cost two calibrations per rung, and could pick
     differently)."""
     chosen = {"smooth_quant_alpha": quantized.smooth_quant_alpha} if quantized.smooth_quant_alpha is not None else {}
-    return chosen | ({"preset": quantized.measured_preset} if quantized.measured_preset is not None else {})
+    measured = quantized.preset is not None and quantized.preset.chosen_by == "measurement"
+    return chosen | ({"preset": quantized.preset.name} if measured else {})
 
 
 def _closer(judge: Judge, score: float, best: float) -> bool:
@@ -224,13 +226,13 @@ def _ladder(ov_model, source_model_type: str | None) -> list[tuple[str, dict]]:
     transformer = detect_model_type(source_model_type, ov_model).name == TRANSFORMER
     rungs = [("int8", {})]
     if not transformer and any(_activation_matmul(op) for op in ov_model.get_ops()):
-        rungs.append(("model_type", {"model_type": "transformer"}))
+        rungs.append(("model_type", {"model_type": "transformer", "preset": "auto"}))  # not a CNN's pinned preset
     if transformer:
         rungs.append(("smooth_quant", {"smooth_quant_alpha": SMOOTH_QUANT_ALPHA}))
     # transformers too: on all-MiniLM-L6-v2 at cosine 0.997 full bias correction closes only 11 % of the gap, yet
     # without it no k within max_float_share passes (float islands of 8 of 39 operations do; bench/repair.py)
     rungs.append(("bias_correction", {"fast_bias_correction": False}))
-    if MIXED not in auto_presets(ov_model, transformer):
+    if MIXED not in auto_presets(ov_model, transformer).presets:
         rungs.append(("preset", {"preset": MIXED}))
     return rungs
 
