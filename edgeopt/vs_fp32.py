@@ -28,7 +28,9 @@ from edgeopt.device.runtime import RuntimeSettings
 SLOWER_TOLERANCE = 0.05  # a p50 more than 5% above FP32's is "slower"
 THREADS = 2
 MIN_ROUNDS, MAX_ROUNDS = 6, 24
-BLOCK_S = 0.08  # seconds per model and round
+BLOCK_S = 0.25  # seconds per model and round (0.08 s blocks of a 2-25 ms model swung 0.6x-1.1x where
+# the ratio was 1.2-1.5x, measured in a new-user trial under load; 0.3 s blocks read 1.20x twice)
+WARMUP_RUNS = 5  # per model, before the first round
 COVERAGE = 0.9  # of the interval on the median ratio
 
 
@@ -182,10 +184,10 @@ def interleaved_rounds(runs, decided, *, min_rounds: int = MIN_ROUNDS, max_round
     ``decided(ratios)`` (``ratios[i]``: run i's per-round ratios over run 0) holds, at ``max_rounds``, or once
     ``max_s`` seconds have passed (checked after each round from ``min_rounds`` on)."""
     started = time.perf_counter()
-    for _ in range(2):  # warm-up
+    for _ in range(WARMUP_RUNS):
         for run in runs:
             run()
-    count = max(3, min(300, int(block_s / max(max(_once(run) for run in runs), 1e-6))))
+    count = max(5, min(300, int(block_s / max(max(_once(run) for run in runs), 1e-6))))
     times: list[list[float]] = [[] for _ in runs]
     medians: list[tuple[float, ...]] = []
     while len(medians) < max_rounds:
