@@ -100,8 +100,10 @@ def compress(model, calibration, out, formats, precision, recipe, eval_data, max
             _validate_remote(result, device_spec, measuring)
     emit(result.describe(), lambda: print_compress_result(result), json_out, quiet)
     if not result.quality_passed:
-        failed = [f"{name}: {msg}" for name, (ok, msg) in result.gate_results.items() if not ok]
-        raise QualityGateError("quality gate failed: " + "; ".join(failed))
+        failing = {name: msg for name, (ok, msg) in result.gate_results.items() if not ok}
+        hint = ("; --repair tries cheaper fixes, then keeps the most sensitive operations float (OpenVINO IR)"
+                if "openvino" in failing and "int8" in result.recipe.names and eval_data and not repair else "")
+        raise QualityGateError("quality gate failed: " + "; ".join(f"{n}: {m}" for n, m in failing.items()) + hint)
     if require_device:
         raise_if_not_device(result.validations)
     raise_if_failed(result.validations)
