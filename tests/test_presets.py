@@ -174,3 +174,11 @@ def test_the_closest_candidate_is_kept_and_the_first_wins_ties_and_the_tolerance
     assert keep({"first": 0.0, "second": 0.0}).label == "first"  # a tie keeps the first, the default
     gain = keep({"far": 0.5, "near": 0.0}).cosines
     assert keep({"far": 0.5, "near": 0.0}, tolerance=(gain["near"] - gain["far"]) * 2).label == "far"
+
+
+def test_a_handful_of_calibration_samples_is_said_to_be_few(calibration):
+    few = quantize_openvino(_openvino(Block(nn.ReLU())), None, SampleSet(calibration.samples[:4], None, "test"),
+                            Int8Config())
+    assert "subset=4 samples (few: activation ranges from fewer than 16 samples are noisy" in few.note
+    enough = quantize_openvino(_openvino(Block(nn.ReLU())), None, calibration, Int8Config())
+    assert "subset=32 samples, model_type" in enough.note
