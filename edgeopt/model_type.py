@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from edgeopt.onnx_prep import weight_output_axis
+
 TRANSFORMER, DEFAULT = "transformer", "default"
 _PASS_THROUGH_DEPTH = 6  # ops (scale, mask add, reshape, convert...) allowed between a MatMul and the Softmax
 # Activation functions as ONNX and OpenVINO name them; GELU/SiLU written out (x * 0.5 * (1 + erf(x / sqrt 2)),
@@ -193,8 +195,6 @@ def _onnx_widens(node, weight: tuple[int, ...] | None) -> bool:
     """Whether an ONNX MatMul/Gemm's 2-D constant weight has more output features than input ones."""
     if weight is None or len(weight) != 2:
         return False
-    features_in, features_out = weight
-    if node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute):
-        features_in, features_out = features_out, features_in
-    return features_out > features_in
+    out_axis = weight_output_axis(node, 2)
+    return weight[out_axis] > weight[1 - out_axis]
 

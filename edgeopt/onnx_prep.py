@@ -319,6 +319,13 @@ def inferred_dims(model) -> dict[str, list[int | None]]:
             for v in values if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")}
 
 
+def weight_output_axis(node, ndim: int) -> int:
+    """The axis of a Conv/Gemm/MatMul weight (input 1, ``ndim`` dims) that indexes output channels: 0 for a Conv
+    and a Gemm with ``transB``, else the last."""
+    transposed = node.op_type == "Gemm" and bool(_attributes(node).get("transB", 0))
+    return 0 if node.op_type == "Conv" or transposed else ndim - 1
+
+
 def _attributes(node) -> dict:
     import onnx
 

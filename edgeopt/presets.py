@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from edgeopt.recurrent import openvino_cells
+
 PERFORMANCE, MIXED = "performance", "mixed"
 # OpenVINO activation ops whose output goes below zero, but not as far as above it (spelled-out SiLU and GELU are
 # fused into Swish and Gelu by ov.convert_model; LeakyReLU converts to PRelu). ReLU, ReLU6 (Clamp), Sigmoid and
@@ -62,8 +64,6 @@ def negative_tail_activations(ov_model) -> list[str]:
 def auto_presets(ov_model, transformer: bool) -> AutoPresets:
     """The presets ``auto`` tries on ``ov_model``, and why. A model with recurrent cells is not measured: its
     ``int8`` step measures the cells' float scope instead (``edgeopt.recurrent``)."""
-    from edgeopt.recurrent import openvino_cells
-
     if transformer:
         return AutoPresets((MIXED,), "NNCF's for transformers")
     found = negative_tail_activations(ov_model)

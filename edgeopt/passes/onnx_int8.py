@@ -68,7 +68,7 @@ import numpy as np
 from edgeopt.data import SampleSet
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.model_type import ffn_down_projections
-from edgeopt.onnx_prep import normalise, probe_tensors, tensor_readers
+from edgeopt.onnx_prep import normalise, probe_tensors, tensor_readers, weight_output_axis
 from edgeopt.onnx_work import (COMPUTE_OPS, FLOAT_COMPUTE_ACTIVATIONS, FLOAT_COMPUTE_INTENSITY, FOLDED_ACTIVATIONS,
                                Work, work_of)
 from edgeopt.passes.onnx_weights_only import symmetric_int8, weights_only
@@ -326,8 +326,9 @@ def contenders(built: list[Built], floor: float | None = None) -> list[Built]:
     """The candidates ONNX Runtime can fuse (all, if none) whose fidelity is within ``FIDELITY_TOLERANCE`` of
     the best of them. ``floor``: the quality gate's cosine; when some fusable candidates reach it, only they
     contend (PP-OCRv6 tiny's detector: ``ort`` at 0.9873, within the tolerance of ``ort-conv``'s 0.9901, was
-    picked and missed the gate); when no fusable candidate reaches it and others do, those others are the pool (the fastest candidate that passes the gate, not the fastest that fails it: Silero
-    VAD's fusable compute-only graph 0.961 on its state output, NNCF's unfusable one 0.996 at 0.87x FP32) — if
+    picked and missed the gate); when no fusable candidate reaches it and others do, those others are the pool
+    (the fastest candidate that passes the gate, not the fastest that fails it: Silero VAD's fusable
+    compute-only graph 0.961 on its state output, NNCF's unfusable one 0.996 at 0.87x FP32) — if
     it is not larger than ``FLOOR_SIZE_SLACK`` times the smallest of them (one that reaches the gate by leaving
     weights float is not the INT8 artifact asked for). ``WEIGHTS_ONLY`` pinned beside others (float compute, so
     near-lossless) takes no part in setting the bar: it contends beside the int8-compute candidates that reach it,
@@ -587,9 +588,8 @@ def quantize_weights(model, names: list[str], *, recurrent: bool = False) -> int
             weight_name = node.input[port]
             if weight_name not in done:
                 weight = numpy_helper.to_array(inits[weight_name]).astype(np.float32)
-                transposed = node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute)
                 axis = (ONNX_WEIGHT_AXIS if node.op_type in ONNX_CELLS  # the output channels
-                        else 0 if transposed else weight.ndim - 1)
+                        else weight_output_axis(node, weight.ndim))
                 quantized, scale = symmetric_int8(weight, axis)
                 stem = f"{weight_name}_int8"
                 graph.initializer.extend([numpy_helper.from_array(quantized, stem),

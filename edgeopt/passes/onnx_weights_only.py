@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgeopt.data import SampleSet
-from edgeopt.onnx_prep import kept_names, probe_tensors, tensor_readers
+from edgeopt.onnx_prep import kept_names, probe_tensors, tensor_readers, weight_output_axis
 
 WEIGHT_OPS = ("Conv", "Gemm", "MatMul")  # ops whose constant input 1 is stored int8
 BIASED_OPS = ("Conv", "Gemm")  # of those, the ones whose bias absorbs the rounding's mean shift
@@ -57,7 +57,7 @@ def weights_only(model, calibration: SampleSet, subset_size: int, ignored: list[
         if any(u.op_type not in WEIGHT_OPS or u.name in skip or list(u.input).index(weight) != 1
                or list(u.input).count(weight) != 1 for u in users):
             return False
-        axes = {_output_axis(u, len(inits[weight].dims)) for u in users}
+        axes = {weight_output_axis(u, len(inits[weight].dims)) for u in users}
         return len(axes) == 1 and _worth_storing(users[0], inits[weight])
 
     weights = sorted({n.input[1] for n in graph.node if n.op_type in WEIGHT_OPS and len(n.input) > 1
@@ -71,7 +71,7 @@ def weights_only(model, calibration: SampleSet, subset_size: int, ignored: list[
     rebuilt = {}
     for weight_name in weights:
         weight = numpy_helper.to_array(inits[weight_name]).astype(np.float32)
-        axis = _output_axis(readers[weight_name][0], weight.ndim)
+        axis = weight_output_axis(readers[weight_name][0], weight.ndim)
         values, scale = symmetric_int8(weight, axis)
         shape = [1] * weight.ndim
         shape[axis] = -1
@@ -136,13 +136,7 @@ def _worth_storing(node, weight) -> bool:
     if weight.data_type != TensorProto.FLOAT or not weight.dims:
         return False
     size = int(np.prod(weight.dims))
-    return 3 * size > 4 * weight.dims[_output_axis(node, len(weight.dims))] + NODE_BYTES
-
-
-def _output_axis(node, ndim: int) -> int:
-    """The axis of a Conv/Gemm/MatMul weight that indexes output channels."""
-    transposed = node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute)
-    return 0 if node.op_type == "Conv" or transposed else ndim - 1
+    return 3 * size > 4 * weight.dims[weight_output_axis(node, len(weight.dims))] + NODE_BYTES
 
 
 def _input_means(model, tensors: dict[str, int], samples: list[dict]) -> dict[str, np.ndarray]:
