@@ -34,14 +34,18 @@ def default_opset(model) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
-def normalise(model, *, optimise: bool = True, feeds: dict | None = None, simplify: bool = True) -> Normalised:
+def normalise(model, *, optimise: bool = True, feeds: dict | None = None, simplify: bool = True,
+              dynamic: dict[str, list[int]] | None = None) -> Normalised:
     """Constant-node weights to initializers, opset ≥ 13, shapes inferred, average pools that cover their whole
     input as global pools (:func:`global_pools`; ``feeds``, one input sample, measures shapes that inference
     leaves unknown), graph folded by ONNX Runtime's basic optimiser (constant folding, Conv+BatchNorm and
     similar fusions that keep the graph portable), then (``simplify``) the element-wise chains it leaves
     simplified: a Conv's constant scale and shift folded into it (:func:`fold_conv_affine`), scalar affine chains
     ahead of unpadded Convs too (:func:`fold_input_affine`), spelled-out hard-swishes as one HardSwish (the opset
-    raised from 13 to 14 for it) or else two ops (:func:`hard_swishes`). Every rewrite computes the same values."""
+    raised from 13 to 14 for it) or else two ops (:func:`hard_swishes`). Every rewrite computes the same values.
+    ``dynamic``: input name -> the axes the source file declares dynamic, which the optimiser sees dynamic, so
+    that it folds nothing those sizes decide (a Reshape's target, a MatMul+Add written as a Gemm between two
+    Reshapes) and the result can run at other sizes again (``edgeopt.dynamic_axes``)."""
     import onnx
 
     copied = onnx.ModelProto()
@@ -75,12 +79,12 @@ def normalise(model, *, optimise: bool = True, feeds: dict | None = None, simpli
     if pools:
         result.steps.append(f"{pools} AveragePool(s) covering their whole input read as GlobalAveragePool")
     if optimise:
-        optimised, fused, error = _ort_basic_optimise(model)
+        optimised, fused, error = _ort_basic_optimise(model, dynamic)
         if error and model is not original:  # ONNX Runtime cannot load the upgraded graph: keep the old opset
             result.steps = [s for s in result.steps if not s.startswith("opset")]
             result.steps.append(f"opset {opset} kept (ONNX Runtime cannot load the upgraded graph: {error})")
             model = original
-            optimised, fused, error = _ort_basic_optimise(model)
+            optimised, fused, error = _ort_basic_optimise(model, dynamic)
         model = optimised
         if fused:
             result.steps.append(fused)
@@ -176,12 +180,13 @@ def initializer_inputs(model) -> int:
     return dropped
 
 
-def _ort_basic_optimise(model) -> tuple[object, str, str]:
+def _ort_basic_optimise(model, dynamic: dict[str, list[int]] | None = None) -> tuple[object, str, str]:
     """Run ONNX Runtime's basic (provider-independent) graph optimisations offline and keep the result.
 
     The result still runs in any ONNX runtime; what changes is that BatchNormalization, constant
     sub-graphs and identity ops are folded, so a quantizer sees Conv weights as they will run. Returns the
-    model, what was folded, and why ONNX Runtime could not load the model ("" when it could).
+    model, what was folded, and why ONNX Runtime could not load the model ("" when it could). ``dynamic``: the
+    input axes the optimiser sees dynamic; the result has ``model``'s input shapes again.
     """
     import onnx
     import onnxruntime as ort
@@ -189,7 +194,7 @@ def _ort_basic_optimise(model) -> tuple[object, str, str]:
     before = len(model.graph.node)
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = Path(tmp) / "in.onnx", Path(tmp) / "out.onnx"
-        onnx.save(model, str(src))
+        onnx.save(_with_dims(model, dynamic, open_dims=True) if dynamic else model, str(src))
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         options.optimized_model_filepath = str(dst)
@@ -205,9 +210,36 @@ def _ort_basic_optimise(model) -> tuple[object, str, str]:
             optimised = onnx.load(str(dst))
         except Exception:
             return model, "", ""
+    if dynamic:
+        optimised = _with_dims(optimised, dynamic, open_dims=False, shapes=model)
     after = len(optimised.graph.node)
     folded = f"{before - after} node(s) folded by ONNX Runtime's basic optimiser" if after < before else ""
     return optimised, folded, ""
+
+
+def _with_dims(model, dynamic: dict[str, list[int]], *, open_dims: bool, shapes=None):
+    """A copy of ``model`` with the ``dynamic`` input axes opened (a symbolic size each) or set back to the sizes
+    ``shapes`` (a model) declares, and no recorded intermediate shapes (inferred again when set back)."""
+    import onnx
+
+    copied = onnx.ModelProto()
+    copied.CopyFrom(model)
+    declared = {value.name: value for value in (shapes or model).graph.input}
+    for value in copied.graph.input:
+        for axis in dynamic.get(value.name, []):
+            dim = value.type.tensor_type.shape.dim[axis]
+            if open_dims:
+                dim.Clear()
+                dim.dim_param = f"{value.name}_{axis}"
+            else:
+                dim.CopyFrom(declared[value.name].type.tensor_type.shape.dim[axis])
+    del copied.graph.value_info[:]
+    if open_dims:
+        return copied
+    try:
+        return onnx.shape_inference.infer_shapes(copied)
+    except Exception:  # as in normalise: shapes help the quantizers, they are not required
+        return copied
 
 
 STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft")

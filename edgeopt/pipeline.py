@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
+
 from edgeopt import atomic, jsonio
 from edgeopt.data import SampleSet, load_samples
 from edgeopt.device.formats import format_for_runtime, model_suffixes
@@ -16,6 +18,7 @@ from edgeopt.device.host import host_info
 from edgeopt.device.runtime import SESSIONS, RuntimeSettings
 from edgeopt.device.golden import GoldenResult, GoldenSet, load_golden
 from edgeopt.device.validate import ValidationReport
+from edgeopt.dynamic_axes import Reopened, reopen_onnx
 from edgeopt.errors import BadInputError
 from edgeopt.evaluate import (EVAL_SETTINGS, Quality, QualityGate, all_outputs, language_model_ids,
                               measure_outputs, original_predictor, session_predictor)
@@ -209,6 +212,7 @@ def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target
             "calibration": (calibration, calib),
             "evaluation": (eval_data, evaluation) if evaluation is not None else None,
             "training": (train_data, train) if train is not None else None})
+        loaded = source
         pinned = pin_branch_inputs(source, [s for s in (calib, evaluation, train) if s is not None], scratch)
         if pinned is not None:
             source, calib, evaluation, train = pinned.apply(source, calib, evaluation, train)
@@ -221,6 +225,8 @@ def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target
     try:
         working, baseline, fp32_ir_bytes, fp32_weights = _run_recipe(source, recipe, ctx, formats, timer,
                                                                      observe=recorder)
+        with timer("dynamic axes"):
+            reopened = _reopen_dynamic_axes(working, loaded, pinned, calib)
         out = Path(out)
         with atomic.atomic_dir(out) as tmp:
             with timer("save"):
@@ -240,10 +246,9 @@ def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target
                 result.notes.insert(0, pinned.note())
             if left_out:
                 result.notes.insert(0, left_out)
-            fixed = source.fixed_dims()
-            if fixed:
-                result.notes.append("dynamic input dimensions fixed in the artifacts, which run at these sizes only: "
-                                    + ", ".join(fixed))
+            if reopened is not None:
+                result.decisions["dynamic_axes"] = reopened.describe()
+            result.notes.extend(_fixed_dims_notes(source.fixed_dims(), reopened, formats))
             with timer("vs fp32"):
                 result.vs_fp32 = compare_with_fp32(artifacts, baseline.graphs.get("openvino"),
                                                    baseline.graphs.get("onnx"),
@@ -265,6 +270,33 @@ def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target
     finally:
         if recorder:
             recorder.close()
+
+
+def _reopen_dynamic_axes(working: WorkingModel, source: SourceModel, pinned, calib: SampleSet) -> Reopened | None:
+    """The source file's dynamic input dimensions declared again in the ONNX graph where it still computes the
+    source's result at other sizes (``edgeopt.dynamic_axes``); None when there is no ONNX graph or source file."""
+    if "onnx" not in working.graphs or source.kind != "onnx" or not source.fixed_dims():
+        return None
+    pinned_feeds = {}
+    if pinned is not None:
+        dtypes = {spec.name: spec.dtype for spec in source.inputs}
+        pinned_feeds = {name: np.asarray(value, dtypes[name]) for name, value in pinned.values.items()}
+    working.graphs["onnx"], reopened = reopen_onnx(working.graphs["onnx"], source.path, source.declared_inputs,
+                                                   calib.samples[0], pinned_feeds)
+    return reopened
+
+
+def _fixed_dims_notes(fixed: list[str], reopened: Reopened | None, formats: tuple[str, ...]) -> list[str]:
+    """What the notes say about the source's dynamic input dimensions, per artifact."""
+    if not fixed:
+        return []
+    if reopened is None:
+        return ["dynamic input dimensions fixed in the artifacts, which run at these sizes only: " + ", ".join(fixed)]
+    notes = [reopened.note()]
+    if "openvino" in formats:
+        notes.append("dynamic input dimensions fixed in the OpenVINO IR, which runs at these sizes only: "
+                     + ", ".join(fixed))
+    return notes
 
 
 def with_metric(gate: QualityGate, recipe: Recipe, target: Target | None) -> QualityGate:

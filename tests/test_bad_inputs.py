@@ -83,9 +83,9 @@ def test_dynamic_onnx_needs_a_shape(cli, tmp_path, tiny_torch, tiny_calib):
     result = cli("compress", model, "--calib", tiny_calib, "--out", out, "--input-shape", "input=1,1,8,8", "--quiet")
     assert result.exit_code == 0, result.output
     assert (out / "model.xml").is_file()
-    notes = json.loads((out / "report.json").read_text())["notes"]  # the artifacts run at the given shape only
-    assert ("dynamic input dimensions fixed in the artifacts, which run at these sizes only: input[0] = 1, "
-            "input[3] = 8") in notes
+    notes = json.loads((out / "report.json").read_text())["notes"]  # the IR runs at the given shape only
+    assert ("dynamic input dimensions fixed in the OpenVINO IR, which runs at these sizes only: input[0] = 1, "
+            "input[3] = 8") in notes  # the ONNX file keeps what it can (tests/test_dynamic_axes.py)
 
 
 def test_dynamic_batch_alone_defaults_to_one(cli, tmp_path, tiny_torch, tiny_calib):

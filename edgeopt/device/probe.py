@@ -30,7 +30,7 @@ def run(request: dict) -> dict:
     start = time.perf_counter()
     session = open_session(request["model"], settings)
     load_ms = (time.perf_counter() - start) * 1000
-    feeds, shapes = _feeds(session.inputs, request.get("input_shapes") or {})
+    feeds, shapes = _feeds(session.inputs, {**session.recorded_shapes, **(request.get("input_shapes") or {})})
     timings = time_inferences(session, feeds, request["runs"], request["warmup"], request["min_seconds"])
     peak = _status_kib("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {
@@ -49,7 +49,8 @@ def run(request: dict) -> dict:
 
 
 def _feeds(inputs, shapes: dict) -> tuple[dict, dict]:
-    """Random inputs; dynamic dimensions are filled from ``shapes`` (name -> list of ints)."""
+    """Random inputs; dynamic dimensions are filled from ``shapes`` (name -> list of ints: those given, over
+    those the file records)."""
     from edgeopt.device.runtime import TensorSpec, format_shape, random_feeds
 
     concrete = []

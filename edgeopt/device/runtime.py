@@ -5,6 +5,7 @@ Lean module: imports numpy and, lazily, only the runtime the model needs.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -16,6 +17,7 @@ from edgeopt.device.formats import FILE_FORMATS, file_format
 from edgeopt.errors import BadInputError, first_line
 
 PRECISIONS = ("f32", "bf16", "f16")
+RECORDED_SHAPES = "edgeopt.input_shapes"  # ONNX metadata: the sizes edgeopt calibrated a dynamic input at
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,7 @@ class Session:
     outputs: list[TensorSpec]
     settings: RuntimeSettings
     compile_seconds: float
+    recorded_shapes: dict[str, list[int]] = {}  # the sizes the file records for its dynamic inputs (edgeopt's)
 
     def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:  # pragma: no cover - interface
         raise NotImplementedError
@@ -220,6 +223,8 @@ class OnnxRuntimeSession(Session):
                        for i in self._session.get_inputs()]
         self.outputs = [TensorSpec(o.name, _ort_shape(o.shape), _ORT_TYPES.get(o.type, o.type))
                         for o in self._session.get_outputs()]
+        recorded = self._session.get_modelmeta().custom_metadata_map.get(RECORDED_SHAPES)
+        self.recorded_shapes = json.loads(recorded) if recorded else {}
 
     def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         return self._session.run(None, feeds)

@@ -170,7 +170,8 @@ class OnnxInt8:
 def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_options: dict,
                   ignored: list[str] | None = None, transformer: bool = False, ffn_down_float: bool = False,
                   recurrent_float: bool = False, backends: tuple[str, ...] | None = None,
-                  held_out: SampleSet | None = None, cosine_floor: float | None = None) -> OnnxInt8:
+                  held_out: SampleSet | None = None, cosine_floor: float | None = None,
+                  dynamic: dict[str, list[int]] | None = None) -> OnnxInt8:
     """Normalise ``model`` and return the best INT8 model among ``backends``; a model no backend can quantize
     is a one-line ``BadInputError`` naming what stopped them. ``backends``: by default NNCF's, ONNX Runtime's
     static QDQ (``ort``) and quantize_static with only Conv/ConvTranspose/Gemm/MatMul quantized (``ort-conv``), or
@@ -185,8 +186,9 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
     samples; the candidates' fidelity is judged on its first ``CHOICE_SAMPLES`` (else on the last calibration
     samples, which flatter the static candidates calibrated on them: on PP-OCR cls both scored 0.999999 there,
     0.9925 and 0.9999 held out). ``cosine_floor``: the quality gate's cosine, when cosine is what it judges: a
-    candidate that reaches it beats fusable ones that do not (:func:`contenders`)."""
-    prepared = normalise(model, feeds=calibration.samples[0])
+    candidate that reaches it beats fusable ones that do not (:func:`contenders`). ``dynamic``: the input axes the
+    source declares dynamic (:func:`edgeopt.onnx_prep.normalise`)."""
+    prepared = normalise(model, feeds=calibration.samples[0], dynamic=dynamic)
     recurrent = recurrent_float and has_onnx_cells(prepared.model)
     arithmetic = None
     if backends is None:

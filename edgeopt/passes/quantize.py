@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from edgeopt.dynamic_axes import dynamic_dims
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.model_type import TRANSFORMER, ModelType, detect_model_type, ffn_down_projections
 from edgeopt.passes.base import PassContext, WorkingModel
@@ -78,11 +79,18 @@ def int8(model: WorkingModel, ctx: PassContext, config: Int8Config) -> None:
                                transformer=quantized.transformer, ffn_down_float=quantized.ffn_down_float,
                                recurrent_float=config.recurrent_float,
                                backends=None if config.onnx_backend == "auto" else (config.onnx_backend,),
-                               held_out=ctx.evaluation, cosine_floor=_cosine_floor(ctx))
+                               held_out=ctx.evaluation, cosine_floor=_cosine_floor(ctx),
+                               dynamic=_declared_dynamic(model))
         model.graphs["onnx"] = picked.model
         model.decisions["onnx_int8"] = picked.describe()
         model.notes.append(f"onnx int8: {picked.backend} backend, {picked.reason} "
                            f"({', '.join(_summary(c) for c in picked.candidates)}; FP32 p50 {picked.fp32_p50_ms} ms)")
+
+
+def _declared_dynamic(model: WorkingModel) -> dict[str, list[int]] | None:
+    """The input axes an ONNX source file declares dynamic (``edgeopt.dynamic_axes``), None for other sources."""
+    source = model.source
+    return dynamic_dims(source.declared_inputs, source.input_names) if source.kind == "onnx" else None
 
 
 def _cosine_floor(ctx: PassContext) -> float | None:

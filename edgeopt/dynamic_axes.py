@@ -1,0 +1,179 @@
+"""The source's dynamic input dimensions, opened again in the ONNX artifact.
+
+edgeopt converts and calibrates at fixed sizes (``--input-shape``, a dynamic batch at 1), and its graph passes
+may fold what those sizes make constant. ONNX Runtime runs a file only at the sizes it declares, so an artifact
+left at the fixed sizes would take away what the user's file could do (an OCR recogniser's text-line width, a
+detector's image size, the batch). :func:`reopen_onnx` declares the source's dynamic dimensions again where the
+artifact still computes the source's result at other sizes: it runs both at twice the calibrated size on each
+such dimension (the calibration sample repeated along it), then at twice the batch only, and keeps the first
+that holds. The calibrated sizes are recorded in the file's metadata (``RECORDED_SHAPES``), where a validator
+takes them for a dimension it is given no size for.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgeopt.device.runtime import RECORDED_SHAPES, TensorSpec
+
+PROBE_FACTOR = 2  # each opened dimension is checked at this multiple of its calibrated size
+TOLERANCE = 0.02  # the worst output's cosine at the probe sizes may sit this far below the calibrated sizes'
+
+
+@dataclass(frozen=True)
+class Reopened:
+    """Which dynamic dimensions the ONNX artifact declares again, and the check that allowed it."""
+
+    opened: list[str]  # "x[0]", ...: dynamic in the artifact as in the source
+    fixed: list[str]  # "x[3] = 320", ...: the source's dynamic dimensions the artifact keeps fixed
+    probe_shapes: dict[str, list[int]]  # the sizes the opened artifact was checked at
+    cosine: float | None  # its worst output's cosine to the source's there
+    calibrated_cosine: float | None  # and at the calibrated sizes
+    reason: str
+
+    def describe(self) -> dict:
+        return {"opened": list(self.opened), "fixed": list(self.fixed), "probe_shapes": dict(self.probe_shapes),
+                "cosine": self.cosine, "calibrated_cosine": self.calibrated_cosine, "reason": self.reason}
+
+    def note(self) -> str:
+        parts = []
+        if self.opened:
+            parts.append(f"dynamic input dimensions kept dynamic in the ONNX artifact: {', '.join(self.opened)} "
+                         f"({self.reason})")
+        if self.fixed:
+            parts.append(f"fixed in the ONNX artifact, which runs at these sizes only: {', '.join(self.fixed)}"
+                         + ("" if self.opened else f" ({self.reason})"))
+        return "; ".join(parts)
+
+
+def dynamic_dims(declared: list[TensorSpec], kept) -> dict[str, list[int]]:
+    """Input name -> the axes ``declared`` leaves dynamic, for the inputs named in ``kept``."""
+    return {spec.name: axes for spec in declared if spec.name in kept
+            for axes in [[axis for axis, size in enumerate(spec.shape) if size is None]] if axes}
+
+
+def reopen_onnx(artifact, source_path, declared: list[TensorSpec], sample: dict[str, np.ndarray],
+                source_feeds: dict[str, np.ndarray] | None = None):
+    """``artifact`` (an ``onnx.ModelProto`` at the calibrated sizes) with the dynamic dimensions of
+    ``declared`` (the source file's inputs) declared again where it still matches the source file at
+    ``source_path`` on ``sample`` grown along them; returns ``(model, Reopened)``, or ``(artifact, None)`` when
+    the source declares no dynamic dimension. ``source_feeds``: inputs the source has and the artifact does
+    not (pinned rank-0 values)."""
+    import onnx
+
+    dynamic = dynamic_dims(declared, sample)
+    if not dynamic:
+        return artifact, None
+    source = onnx.load(str(source_path), load_external_data=False)
+    batch = {spec.name: [spec.batch_dim] for spec in declared if spec.batch_dim in dynamic.get(spec.name, [])}
+    attempts = [dynamic] + ([batch] if batch and batch != dynamic else [])
+    reference = _session(str(source_path))
+    calibrated = _run(reference, {**sample, **(source_feeds or {})})
+    failures = []
+    for axes in attempts:
+        model = _declared(artifact, source, axes, sample)
+        probe = {name: _grown(value, axes.get(name, [])) for name, value in sample.items()}
+        shapes = {name: list(value.shape) for name, value in probe.items() if name in axes}
+        try:
+            expected = _run(reference, {**probe, **(source_feeds or {})})
+        except Exception as exc:
+            failures.append(f"the source does not run at {_sizes(shapes)} ({_line(exc)})")
+            continue
+        try:
+            session = _session(model.SerializeToString())
+            at_calibrated = _worst_cosine(_run(session, sample), calibrated)
+            got = _run(session, probe)
+        except Exception as exc:
+            failures.append(f"the artifact does not run at {_sizes(shapes)} ({_line(exc)})")
+            continue
+        if [g.shape for g in got] != [e.shape for e in expected]:
+            failures.append(f"at {_sizes(shapes)} the artifact's output shapes {[list(g.shape) for g in got]} "
+                            f"differ from the source's {[list(e.shape) for e in expected]}")
+            continue
+        at_probe = _worst_cosine(got, expected)
+        if at_probe < at_calibrated - TOLERANCE:
+            failures.append(f"at {_sizes(shapes)} its worst output's cosine to the source is {at_probe:.4f}, "
+                            f"{at_calibrated:.4f} at the calibrated sizes")
+            continue
+        return model, Reopened(_names(axes), _fixed(dynamic, axes, sample), shapes, round(at_probe, 6),
+                               round(at_calibrated, 6),
+                               f"checked at {_sizes(shapes)}: worst output's cosine to the source {at_probe:.4f}, "
+                               f"{at_calibrated:.4f} at the calibrated sizes")
+    return artifact, Reopened([], _fixed(dynamic, {}, sample), {}, None, None, "; ".join(failures))
+
+
+def _declared(artifact, source, axes: dict[str, list[int]], sample: dict[str, np.ndarray]):
+    """A copy of ``artifact`` whose inputs take the source's dimensions on ``axes``, whose outputs take the
+    source's declared shapes, with no inferred intermediate shapes, and the calibrated sizes in its metadata."""
+    import onnx
+
+    model = onnx.ModelProto()
+    model.CopyFrom(artifact)
+    declared = {value.name: value for value in source.graph.input}
+    for value in model.graph.input:
+        for axis in axes.get(value.name, []):
+            dim = value.type.tensor_type.shape.dim[axis]
+            dim.CopyFrom(declared[value.name].type.tensor_type.shape.dim[axis])
+            if not dim.dim_param:  # declared as 0 or not at all: unknown
+                dim.Clear()
+    outputs = {value.name: value for value in source.graph.output}
+    for value in model.graph.output:
+        if value.name in outputs:
+            value.type.CopyFrom(outputs[value.name].type)
+        else:
+            value.type.tensor_type.ClearField("shape")
+    del model.graph.value_info[:]
+    recorded = [prop for prop in model.metadata_props if prop.key == RECORDED_SHAPES]
+    for prop in recorded:
+        model.metadata_props.remove(prop)
+    shapes = {name: list(sample[name].shape) for name in axes}
+    model.metadata_props.add(key=RECORDED_SHAPES, value=json.dumps(shapes, sort_keys=True))
+    return model
+
+
+def _grown(value: np.ndarray, axes: list[int]) -> np.ndarray:
+    for axis in axes:
+        value = np.concatenate([value] * PROBE_FACTOR, axis=axis)
+    return value
+
+
+def _session(model):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.intra_op_num_threads = 2
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+def _run(session, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    wanted = {spec.name for spec in session.get_inputs()}
+    return session.run(None, {name: value for name, value in feeds.items() if name in wanted})
+
+
+def _worst_cosine(outputs: list[np.ndarray], reference: list[np.ndarray]) -> float:
+    from edgeopt.evaluate import sample_cosines
+
+    return min(float(sample_cosines(np.asarray(o)[None], np.asarray(r)[None])[0]) for o, r in zip(outputs, reference))
+
+
+def _names(axes: dict[str, list[int]]) -> list[str]:
+    return [f"{name}[{axis}]" for name, opened in axes.items() for axis in opened]
+
+
+def _fixed(dynamic: dict[str, list[int]], opened: dict[str, list[int]], sample: dict[str, np.ndarray]) -> list[str]:
+    return [f"{name}[{axis}] = {sample[name].shape[axis]}" for name, axes in dynamic.items() for axis in axes
+            if axis not in opened.get(name, [])]
+
+
+def _sizes(shapes: dict[str, list[int]]) -> str:
+    return ", ".join(f"{name}={','.join(map(str, shape))}" for name, shape in shapes.items())
+
+
+def _line(exc: BaseException) -> str:
+    from edgeopt.errors import first_line
+
+    return first_line(exc, 160)

@@ -1,0 +1,143 @@
+"""The source file's dynamic input dimensions stay dynamic in the ONNX artifact where it still computes the
+source's result at other sizes (``edgeopt.dynamic_axes``), checked by running both at twice the size."""
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from torch import nn
+
+from edgeopt.dynamic_axes import reopen_onnx
+from edgeopt.evaluate import sample_cosines
+from edgeopt.onnx_prep import normalise
+from edgeopt.source import load_model
+
+
+class PooledNet(nn.Module):
+    """A fully convolutional classifier: runs at any batch and image size. ``view(size(0), -1)`` exports as
+    Shape → Gather → Reshape, which a static-shape optimiser folds into a constant batch of 1."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 16, 3, stride=2, padding=1)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x):
+        x = torch.relu(self.conv2(torch.relu(self.conv1(x))))
+        x = torch.mean(x, dim=(2, 3), keepdim=True)
+        return self.head(x.view(x.size(0), -1))
+
+
+@pytest.fixture(scope="module")
+def pooled(tmp_path_factory):
+    """PooledNet exported at opset 13 with dynamic batch, height and width; calibration data at 1x3x16x16."""
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("pooled")
+    path = folder / "pooled.onnx"
+    torch.onnx.export(PooledNet().eval(), (torch.zeros(1, 3, 16, 16),), str(path), dynamo=False, opset_version=13,
+                      input_names=["x"], output_names=["logits"],
+                      dynamic_axes={"x": {0: "batch", 2: "height", 3: "width"}, "logits": {0: "batch"}})
+    calib = folder / "calib.npz"
+    np.savez(calib, x=np.random.default_rng(0).random((32, 3, 16, 16), dtype=np.float32))
+    return path, calib
+
+
+def _session(model):
+    return ort.InferenceSession(model if isinstance(model, bytes) else str(model), providers=["CPUExecutionProvider"])
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(sample_cosines(a.reshape(1, -1), b.reshape(1, -1))[0])
+
+
+def _dims(path) -> list:
+    value = onnx.load(str(path)).graph.input[0]
+    return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+
+
+def test_int8_onnx_keeps_the_dynamic_dimensions_and_runs_at_other_sizes(cli, pooled, tmp_path):
+    model, calib = pooled
+    out = tmp_path / "out"
+    result = cli("compress", model, "--calib", calib, "--input-shape", "x=1,3,16,16", "--out", out, "--quiet")
+    assert result.exit_code == 0, result.output
+    assert _dims(out / "model.onnx") == ["batch", 3, "height", "width"]  # the source's own names
+    report = json.loads((out / "report.json").read_text())
+    decided = report["decisions"]["dynamic_axes"]
+    assert decided["opened"] == ["x[0]", "x[2]", "x[3]"] and decided["fixed"] == []
+    assert decided["probe_shapes"] == {"x": [2, 3, 32, 32]}
+    assert decided["cosine"] >= decided["calibrated_cosine"] - 0.02
+    assert any(note.startswith("dynamic input dimensions kept dynamic in the ONNX artifact: x[0], x[2], x[3]")
+               for note in report["notes"])
+    assert ("dynamic input dimensions fixed in the OpenVINO IR, which runs at these sizes only: x[0] = 1, "
+            "x[2] = 16, x[3] = 16") in report["notes"]
+    # at a size neither edgeopt's check nor calibration used, the INT8 file still tracks the source
+    x = np.random.default_rng(1).random((3, 3, 24, 40), dtype=np.float32)
+    got, = _session(out / "model.onnx").run(None, {"x": x})
+    want, = _session(model).run(None, {"x": x})
+    assert got.shape == want.shape == (3, 4) and _cosine(got, want) > 0.98
+
+
+def test_a_validator_takes_the_recorded_sizes_for_dynamic_dimensions(cli, pooled, tmp_path, profiles):
+    model, calib = pooled
+    out = tmp_path / "out"
+    assert cli("compress", model, "--calib", calib, "--input-shape", "x=1,3,16,16", "--format", "onnx",
+               "--out", out, "--quiet").exit_code == 0
+    meta = {p.key: p.value for p in onnx.load(str(out / "model.onnx")).metadata_props}
+    assert json.loads(meta["edgeopt.input_shapes"]) == {"x": [1, 3, 16, 16]}
+    profiles("ort", 'extends = "generic-x86-avx2-2core"\n[budgets]\nmax_cv = 1e6\nmax_p99_over_p50 = 1e6\n'
+                    'p50_ms = 1e4\np95_ms = 1e4\np99_ms = 1e4\n[runtime]\nname = "onnxruntime"\n')
+    result = cli("validate", out / "model.onnx", "--target", "ort", "--runs", 5, "--warmup", 1, "--min-seconds", 0,
+                 "--json", "-")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["measured_with"]["input_shapes"] == {"x": [1, 3, 16, 16]}
+    given = cli("validate", out / "model.onnx", "--target", "ort", "--runs", 5, "--warmup", 1, "--min-seconds", 0,
+                "--input-shape", "x=2,3,24,24", "--json", "-")  # a size given wins over the recorded one
+    assert json.loads(given.stdout)["measured_with"]["input_shapes"] == {"x": [2, 3, 24, 24]}
+
+
+def test_the_optimiser_folds_no_size_the_source_leaves_dynamic(pooled):
+    """ONNX Runtime's basic optimiser, given the fixed sizes, folds ``view(size(0), -1)`` into a Reshape to batch
+    1: that graph cannot run at batch 2, and ``reopen_onnx`` says so and keeps the dimensions fixed. Told which
+    axes the source leaves dynamic, the optimiser keeps the Shape sub-graph and the graph runs at any size."""
+    model, _ = pooled
+    source = load_model(model, {"x": (1, 3, 16, 16)})
+    sample = {"x": np.random.default_rng(2).random((1, 3, 16, 16), dtype=np.float32)}
+    folded = normalise(source.onnx_model(), feeds=sample).model
+    kept, reopened = reopen_onnx(folded, model, source.declared_inputs, sample)
+    assert kept is folded and reopened.opened == []
+    assert reopened.fixed == ["x[0] = 1", "x[2] = 16", "x[3] = 16"]
+    assert "the artifact does not run at x=2,3,32,32" in reopened.reason
+    assert "the artifact does not run at x=2,3,16,16" in reopened.reason  # the batch alone fails too
+
+    dynamic = normalise(source.onnx_model(), feeds=sample, dynamic={"x": [0, 2, 3]}).model
+    assert [d.dim_value for d in dynamic.graph.input[0].type.tensor_type.shape.dim] == [1, 3, 16, 16]
+    opened, reopened = reopen_onnx(dynamic, model, source.declared_inputs, sample)
+    assert reopened.opened == ["x[0]", "x[2]", "x[3]"] and reopened.fixed == []
+    assert reopened.cosine == pytest.approx(1.0, abs=1e-5)  # FP32 against FP32
+    x = np.random.default_rng(3).random((2, 3, 20, 28), dtype=np.float32)
+    got, = _session(opened.SerializeToString()).run(None, {"x": x})
+    want, = _session(model).run(None, {"x": x})
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_only_the_batch_opens_where_the_source_runs_at_one_image_size(cli, tmp_path, tiny_torch, tiny_calib):
+    """TinyNet's Linear head takes 16x4x4 features: the source itself fails at twice the width, so the width
+    stays fixed (with why) and the batch alone is opened."""
+    module, example = tiny_torch
+    model = tmp_path / "dynamic.onnx"
+    torch.onnx.export(module, (example,), str(model), dynamo=False, input_names=["input"],
+                      dynamic_axes={"input": {0: "batch", 3: "width"}})
+    out = tmp_path / "out"
+    result = cli("compress", model, "--calib", tiny_calib, "--out", out, "--input-shape", "input=1,1,8,8", "--quiet")
+    assert result.exit_code == 0, result.output
+    decided = json.loads((out / "report.json").read_text())["decisions"]["dynamic_axes"]
+    assert decided["opened"] == ["input[0]"] and decided["fixed"] == ["input[3] = 8"]
+    assert decided["probe_shapes"] == {"input": [2, 1, 8, 8]}
+    assert _dims(out / "model.onnx") == ["batch", 1, 8, 8]
+    x = np.random.default_rng(4).random((5, 1, 8, 8), dtype=np.float32)
+    got, = _session(out / "model.onnx").run(None, {"input": x})
+    assert got.shape == (5, 10)
