@@ -5,9 +5,10 @@ may fold what those sizes make constant. ONNX Runtime runs a file only at the si
 left at the fixed sizes would take away what the user's file could do (an OCR recogniser's text-line width, a
 detector's image size, the batch). :func:`reopen_onnx` declares the source's dynamic dimensions again where the
 artifact still computes the source's result at other sizes: it runs both at twice the calibrated size on each
-such dimension (the calibration sample repeated along it), then at twice the batch only, and keeps the first
-that holds. The calibrated sizes are recorded in the file's metadata (``RECORDED_SHAPES``), where a validator
-takes them for a dimension it is given no size for.
+such dimension (the calibration sample repeated along it); where that fails, on the dimensions at which the
+source itself runs grown one at a time (a dimension named alike on several inputs grows on all), then on the
+batch alone, and keeps the first that holds. The calibrated sizes are recorded in the file's metadata
+(``RECORDED_SHAPES``), where a validator takes them for a dimension it is given no size for.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 from edgeopt.device.runtime import RECORDED_SHAPES, TensorSpec
 
 PROBE_FACTOR = 2  # each opened dimension is checked at this multiple of its calibrated size
+LINE = 120  # characters of a runtime's error kept in the reason
 TOLERANCE = 0.02  # the worst output's cosine at the probe sizes may sit this far below the calibrated sizes'
 
 
@@ -32,7 +34,7 @@ class Reopened:
     probe_shapes: dict[str, list[int]]  # the sizes the opened artifact was checked at
     cosine: float | None  # its worst output's cosine to the source's there
     calibrated_cosine: float | None  # and at the calibrated sizes
-    reason: str
+    reason: str  # why the fixed ones stay fixed ("" when none does)
 
     def describe(self) -> dict:
         return {"opened": list(self.opened), "fixed": list(self.fixed), "probe_shapes": dict(self.probe_shapes),
@@ -42,10 +44,12 @@ class Reopened:
         parts = []
         if self.opened:
             parts.append(f"dynamic input dimensions kept dynamic in the ONNX artifact: {', '.join(self.opened)} "
-                         f"({self.reason})")
+                         f"(checked at {_sizes(self.probe_shapes)}: worst output's cosine to the source "
+                         f"{self.cosine:.4f}, {self.calibrated_cosine:.4f} at the calibrated sizes)")
         if self.fixed:
-            parts.append(f"fixed in the ONNX artifact, which runs at these sizes only: {', '.join(self.fixed)}"
-                         + ("" if self.opened else f" ({self.reason})"))
+            parts.append(("" if self.opened else "dynamic input dimensions ")
+                         + f"fixed in the ONNX artifact, which runs at these sizes only: {', '.join(self.fixed)} "
+                         f"({self.reason})")
         return "; ".join(parts)
 
 
@@ -69,16 +73,24 @@ def reopen_onnx(artifact, source_path, declared: list[TensorSpec], sample: dict[
         return artifact, None
     source = onnx.load(str(source_path), load_external_data=False)
     batch = {spec.name: [spec.batch_dim] for spec in declared if spec.batch_dim in dynamic.get(spec.name, [])}
-    attempts = [dynamic] + ([batch] if batch and batch != dynamic else [])
     reference = _session(str(source_path))
-    calibrated = _run(reference, {**sample, **(source_feeds or {})})
+    extra = source_feeds or {}
+    calibrated = _run(reference, {**sample, **extra})
     failures = []
-    for axes in attempts:
-        model = _declared(artifact, source, axes, sample)
-        probe = {name: _grown(value, axes.get(name, [])) for name, value in sample.items()}
-        shapes = {name: list(value.shape) for name, value in probe.items() if name in axes}
+
+    def source_runs(axes: dict[str, list[int]]) -> bool:
         try:
-            expected = _run(reference, {**probe, **(source_feeds or {})})
+            _run(reference, {**_probe(sample, axes), **extra})
+            return True
+        except Exception as exc:
+            failures.append(f"the source does not run at {_sizes(_shapes(sample, axes))} ({_line(exc)})")
+            return False
+
+    for axes in _attempts(dynamic, batch, _groups(source, dynamic), source_runs):
+        model = _declared(artifact, source, axes, sample)
+        probe, shapes = _probe(sample, axes), _shapes(sample, axes)
+        try:
+            expected = _run(reference, {**probe, **extra})
         except Exception as exc:
             failures.append(f"the source does not run at {_sizes(shapes)} ({_line(exc)})")
             continue
@@ -98,11 +110,51 @@ def reopen_onnx(artifact, source_path, declared: list[TensorSpec], sample: dict[
             failures.append(f"at {_sizes(shapes)} its worst output's cosine to the source is {at_probe:.4f}, "
                             f"{at_calibrated:.4f} at the calibrated sizes")
             continue
-        return model, Reopened(_names(axes), _fixed(dynamic, axes, sample), shapes, round(at_probe, 6),
-                               round(at_calibrated, 6),
-                               f"checked at {_sizes(shapes)}: worst output's cosine to the source {at_probe:.4f}, "
-                               f"{at_calibrated:.4f} at the calibrated sizes")
+        fixed = _fixed(dynamic, axes, sample)
+        return model, Reopened(_names(axes), fixed, shapes, round(at_probe, 6), round(at_calibrated, 6),
+                               "; ".join(failures) if fixed else "")
     return artifact, Reopened([], _fixed(dynamic, {}, sample), {}, None, None, "; ".join(failures))
+
+
+def _attempts(dynamic: dict[str, list[int]], batch: dict[str, list[int]], groups: list[dict[str, list[int]]],
+              source_runs):
+    """The axes to try opening, widest first: every dynamic one; the groups at which the source runs when grown
+    alone (``source_runs``), together; the batch axes. Lazily: each is worked out only if the one before failed."""
+    seen = []
+    for axes in (lambda: dynamic, lambda: _union([g for g in groups if source_runs(g)]), lambda: batch):
+        wanted = axes()
+        if wanted and wanted not in seen:
+            seen.append(wanted)
+            yield wanted
+
+
+def _groups(source, dynamic: dict[str, list[int]]) -> list[dict[str, list[int]]]:
+    """The dynamic axes in groups that must grow together: those the source names alike (a batch on two inputs);
+    an unnamed dimension is a group of its own."""
+    named = {value.name: value.type.tensor_type.shape.dim for value in source.graph.input}
+    groups: dict = {}
+    for name, axes in dynamic.items():
+        for axis in axes:
+            key = named[name][axis].dim_param or (name, axis)
+            groups.setdefault(key, {}).setdefault(name, []).append(axis)
+    return list(groups.values())
+
+
+def _union(groups: list[dict[str, list[int]]]) -> dict[str, list[int]]:
+    merged: dict[str, set[int]] = {}
+    for group in groups:
+        for name, axes in group.items():
+            merged.setdefault(name, set()).update(axes)
+    return {name: sorted(axes) for name, axes in merged.items()}
+
+
+def _probe(sample: dict[str, np.ndarray], axes: dict[str, list[int]]) -> dict[str, np.ndarray]:
+    return {name: _grown(value, axes.get(name, [])) for name, value in sample.items()}
+
+
+def _shapes(sample: dict[str, np.ndarray], axes: dict[str, list[int]]) -> dict[str, list[int]]:
+    return {name: [size * (PROBE_FACTOR if axis in axes[name] else 1) for axis, size in enumerate(value.shape)]
+            for name, value in sample.items() if name in axes}
 
 
 def _declared(artifact, source, axes: dict[str, list[int]], sample: dict[str, np.ndarray]):
@@ -144,7 +196,7 @@ def _session(model):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # a size the model cannot take is an expected answer here, not an error to log
     options.intra_op_num_threads = 2
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
@@ -176,4 +228,4 @@ def _sizes(shapes: dict[str, list[int]]) -> str:
 def _line(exc: BaseException) -> str:
     from edgeopt.errors import first_line
 
-    return first_line(exc, 160)
+    return first_line(exc, LINE)

@@ -141,3 +141,36 @@ def test_only_the_batch_opens_where_the_source_runs_at_one_image_size(cli, tmp_p
     x = np.random.default_rng(4).random((5, 1, 8, 8), dtype=np.float32)
     got, = _session(out / "model.onnx").run(None, {"input": x})
     assert got.shape == (5, 10)
+
+
+class HeightMixer(nn.Module):
+    """A Linear across the image height (16 rows), pooled over the width: runs at any batch and width, at one
+    height only (a text-line recogniser's layout)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.rows = nn.Linear(16, 4)
+
+    def forward(self, x):
+        x = self.rows(torch.relu(self.conv(x)).transpose(2, 3))  # batch x 8 x width x 4
+        return x.mean(dim=2).flatten(1)
+
+
+def test_the_dimensions_the_source_runs_at_open_and_the_others_stay_fixed_with_why(tmp_path):
+    torch.manual_seed(0)
+    model = tmp_path / "mixer.onnx"
+    torch.onnx.export(HeightMixer().eval(), (torch.zeros(1, 3, 16, 24),), str(model), dynamo=False, opset_version=13,
+                      input_names=["x"], dynamic_axes={"x": {0: "batch", 2: "height", 3: "width"}})
+    source = load_model(model, {"x": (1, 3, 16, 24)})
+    sample = {"x": np.random.default_rng(5).random((1, 3, 16, 24), dtype=np.float32)}
+    graph = normalise(source.onnx_model(), feeds=sample, dynamic={"x": [0, 2, 3]}).model
+    opened, reopened = reopen_onnx(graph, model, source.declared_inputs, sample)
+    assert reopened.opened == ["x[0]", "x[3]"] and reopened.fixed == ["x[2] = 16"]
+    assert reopened.probe_shapes == {"x": [2, 3, 16, 48]}
+    assert reopened.reason.startswith("the source does not run at x=2,3,32,48")  # all of them first
+    assert "the source does not run at x=1,3,32,24" in reopened.reason  # then the height alone
+    assert [d.dim_param or d.dim_value for d in opened.graph.input[0].type.tensor_type.shape.dim] == \
+        ["batch", 3, 16, "width"]
+    assert reopened.note().endswith(f"fixed in the ONNX artifact, which runs at these sizes only: x[2] = 16 "
+                                    f"({reopened.reason})")
