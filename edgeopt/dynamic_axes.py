@@ -13,11 +13,11 @@ batch alone, and keeps the first that holds. The calibrated sizes are recorded i
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import numpy as np
 
+from edgeopt import jsonio
 from edgeopt.device.runtime import RECORDED_SHAPES, TensorSpec
 
 PROBE_FACTOR = 2  # each opened dimension is checked at this multiple of its calibrated size
@@ -182,7 +182,7 @@ def _declared(artifact, source, axes: dict[str, list[int]], sample: dict[str, np
     for prop in recorded:
         model.metadata_props.remove(prop)
     shapes = {name: list(sample[name].shape) for name in axes}
-    model.metadata_props.add(key=RECORDED_SHAPES, value=json.dumps(shapes, sort_keys=True))
+    model.metadata_props.add(key=RECORDED_SHAPES, value=jsonio.dumps(shapes, sort_keys=True))
     return model
 
 
