@@ -649,9 +649,9 @@ def grown_fidelity(int8_onnx: Path, source_onnx: Path, sample: dict, source_samp
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| entry | code | load | form | opset | exit | recipe / ONNX backend | IR size | ONNX size | qs size "
-            "| OV p50 INT8/FP32 | ORT p50 INT8/FP32 | qs p50/FP32 | cos ONNX (per output) | cos IR | cos qs "
-            "| flagged |")
+    head = ("| entry | code | load | form | dynamic in the ONNX file (fixed) | opset | exit | recipe / ONNX backend "
+            "| IR size | ONNX size | qs size | OV p50 INT8/FP32 | ORT p50 INT8/FP32 | qs p50/FP32 "
+            "| cos ONNX (per output) | cos IR | cos qs | flagged |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         ort, ov = r.get("ort_p50_ms") or {}, r.get("ov_p50_ms") or {}
@@ -661,7 +661,7 @@ def table(rows: list[dict]) -> str:
         load = r.get("load_1min")
         lines.append("| " + " | ".join([
             r["name"], cell(r, "code"), f"{load['start']:.1f}-{load['end']:.1f}" if load else "-", r["form"],
-            cell(r, "opset", str), exit_cell,
+            _dynamic_cell(r), cell(r, "opset", str), exit_cell,
             f"{cell(r, 'recipe')} / {cell(r, 'onnx_backend')}",
             cell(r, "ir_size_ratio", lambda v: f"{v:.2f}x"), cell(r, "onnx_size_ratio", lambda v: f"{v:.2f}x"),
             cell(r, "anchor_size_ratio", lambda v: f"{v:.2f}x"),
@@ -673,6 +673,15 @@ def table(rows: list[dict]) -> str:
             else f"failed: {r['anchor_error'][:60]}",
             flags]) + " |")
     return "\n".join(lines)
+
+
+def _dynamic_cell(row: dict) -> str:
+    """The dimensions the ONNX file keeps dynamic, and (in brackets) those of the source it fixes; "-" for a row
+    measured before edgeopt kept any or a source with none."""
+    dynamic = row.get("dynamic_axes")
+    if not dynamic:
+        return "-"
+    return ", ".join(dynamic["opened"]) + (f" ({', '.join(dynamic['fixed'])})" if dynamic["fixed"] else "")
 
 
 def saved_rows(paths: str) -> dict[str, dict]:
