@@ -282,7 +282,7 @@ def _reopen_dynamic_axes(working: WorkingModel, source: SourceModel, pinned, cal
         dtypes = {spec.name: spec.dtype for spec in source.inputs}
         pinned_feeds = {name: np.asarray(value, dtypes[name]) for name, value in pinned.values.items()}
     working.graphs["onnx"], reopened = reopen_onnx(working.graphs["onnx"], source.path, source.declared_inputs,
-                                                   calib.samples[0], pinned_feeds)
+                                                   calib.samples, pinned_feeds)
     return reopened
 
 

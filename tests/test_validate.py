@@ -207,3 +207,20 @@ def test_interleaved_timing_gives_each_model_every_round(tiny_ir, tiny_onnx):
                 open_session(tiny_onnx, RuntimeSettings(runtime="onnxruntime", threads=1))]
     timings = time_interleaved(sessions, random_feeds(sessions[0].inputs), rounds=3, per_round=7, warmup=2)
     assert [len(times) for times in timings] == [21, 21] and all(ms > 0 for times in timings for ms in times)
+
+
+def test_a_runtime_crash_under_the_isa_cap_drops_the_cap_and_says_so(tiny_ir, tmp_path, monkeypatch):
+    """OpenVINO 2026.4 crashes (SIGSEGV at the first inference) on PP-OCRv4 rec's INT8 IR with oneDNN capped to
+    AVX2 on an AVX-512 host. Here the measuring process kills itself with the same signal whenever the cap is
+    set (a ``sitecustomize`` on its path): validation measures uncapped and says why, instead of exit 1."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import os, signal\nif os.environ.get('ONEDNN_MAX_CPU_ISA'):\n    os.kill(os.getpid(), signal.SIGSEGV)\n")
+    monkeypatch.setenv("PYTHONPATH", str(hook))
+    report = validate_artifact(tiny_ir, RuntimeSettings(threads=1), Budgets(), runs=5, min_seconds=0,
+                               emulation_note="emulated", max_isa="AVX2")
+    assert report.latency.runs >= 5
+    assert report.emulation_note == "emulated; ISA cap dropped for this model (see notes)"
+    assert any(note.startswith("the AVX2 ISA cap was dropped for this model: OpenVINO could not run it with oneDNN "
+                               "capped (the measuring process failed (exit -11)") for note in report.notes)

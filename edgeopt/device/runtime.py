@@ -156,6 +156,9 @@ class OpenVINOSession(Session):
         # names as the file has them: compiling can merge a neighbour's tensor names into a port's (GPT-2's
         # input read back as '55'), while the ports' order, shapes and types are the file's
         self.inputs = [_ov_spec(port) for port in model.inputs]
+        recorded = ["framework", RECORDED_SHAPES]  # an ONNX file's metadata, as OpenVINO's frontend keeps it
+        self.recorded_shapes = (json.loads(model.get_rt_info(recorded).astype(str))
+                                if model.has_rt_info(recorded) else {})
         self.outputs = [_ov_spec(port) for port in model.outputs]
 
     def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:

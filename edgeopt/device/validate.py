@@ -168,13 +168,14 @@ def validate_artifact(model_path: str | Path, settings: RuntimeSettings, budgets
     notes = list(notes)
     try:
         result = _run_probe(request, max_isa, timeout)
-    except BadInputError as exc:
+    except (BadInputError, ProbeFailed) as exc:
         if not max_isa:
             raise
         # OpenVINO picks some kernels (e.g. for compressed weights) by the real CPU, so a oneDNN cap can leave
-        # no implementation at all; measure with the host's ISA rather than not at all, and say so.
+        # no implementation at all, or one that crashes (PP-OCRv4 rec's INT8 IR: SIGSEGV at the first inference
+        # under AVX2); measure with the host's ISA rather than not at all, and say so.
         result = _run_probe(request, None, timeout)
-        notes.append(f"the {max_isa} ISA cap was dropped for this model: OpenVINO could not compile it with oneDNN "
+        notes.append(f"the {max_isa} ISA cap was dropped for this model: OpenVINO could not run it with oneDNN "
                      f"capped ({exc}); measured with this host's full ISA, so latency reads lower than on the device")
         emulation_note = f"{emulation_note}; ISA cap dropped for this model (see notes)" if emulation_note else None
     host = host_info().describe()
@@ -195,6 +196,10 @@ def validate_artifact(model_path: str | Path, settings: RuntimeSettings, budgets
     return replace(report, checks=check_budgets(budgets, report.measured()))
 
 
+class ProbeFailed(RuntimeError):
+    """The measuring process ended without a result (a crash in the runtime)."""
+
+
 def _run_probe(request: dict, max_isa: str | None, timeout: float | None) -> dict:
     env = dict(os.environ)
     if max_isa:
@@ -211,7 +216,7 @@ def _run_probe(request: dict, max_isa: str | None, timeout: float | None) -> dic
             raise BadInputError(f"{request['model']}: measuring took longer than {timeout:.0f} s") from exc
         if not result_path.is_file():
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise RuntimeError(f"the measuring process failed (exit {proc.returncode}): {tail[0]}")
+            raise ProbeFailed(f"the measuring process failed (exit {proc.returncode}): {tail[0]}")
         result = json.loads(result_path.read_text(encoding="utf-8"))
     if "error" in result:
         raise BadInputError(result["error"])
