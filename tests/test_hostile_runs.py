@@ -406,3 +406,26 @@ def test_read_only_out_folder_is_refused_before_any_work(tmp_path, tiny_onnx, ti
         parent.chmod(0o755)
     assert result.exit_code == 2
     assert result.stderr.strip() == f"edgeopt: cannot write {parent / 'out'}: {parent} is not writable"
+
+
+def test_a_full_disk_in_a_library_temp_file_is_one_line_exit_2():
+    """ONNX's ``save`` of a temporary model hit ENOSPC on a full /tmp (seen in stop 26): the machine's state, not
+    a bug. ``/dev/full`` gives the kernel's real ENOSPC to a command run through edgeopt's error handling."""
+    import click
+
+    from edgeopt.cli import _Group
+
+    @click.group(cls=_Group)
+    def group() -> None:
+        pass
+
+    @group.command()
+    def write() -> None:
+        with open("/dev/full", "wb") as full:
+            full.write(b"x" * 65536)
+            full.flush()
+
+    result = CliRunner().invoke(group, ["write"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("edgeopt: no space left on the device while writing ")
+    assert "TMPDIR" in result.stderr and "internal error" not in result.stderr and len(result.stderr.splitlines()) == 1

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sys
+import tempfile
 import warnings
 
 import click
@@ -39,6 +41,12 @@ class _Group(click.Group):
             click.echo("edgeopt: interrupted; no output was written", err=True)
             sys.exit(130)
         except Exception as exc:  # a bug: short message, full traceback in a private log
+            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:  # the machine's state, not a bug
+                where = exc.filename or "a temporary file"  # a library's temp file (ONNX's save) names no path
+                click.echo(f"edgeopt: no space left on the device while writing {where}; free some space "
+                           f"(temporary files go to {tempfile.gettempdir()}; TMPDIR moves them); no output was "
+                           f"written", err=True)
+                sys.exit(2)  # as atomic.WriteError for a full disk at the output
             from edgeopt.error_log import write_traceback
 
             log = write_traceback(exc)
