@@ -643,7 +643,7 @@ def grown_fidelity(int8_onnx: Path, source_onnx: Path, sample: dict, source_samp
         got = outputs_of(int8_onnx, "onnxruntime", [{k: grow(v, k) for k, v in sample.items()}])
         want = outputs_of(source_onnx, "onnxruntime", [{k: grow(v, k) for k, v in source_sample.items()}])
     except Exception as exc:  # noqa: BLE001 - the row says what failed
-        return {"error": str(exc).splitlines()[0][:200]}
+        return {"error": (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]}
     return {"shapes": {k: list(grow(v, k).shape) for k, v in sample.items() if k in axes},
             "cosine": per_output_cosine(got, want)}
 
@@ -676,12 +676,16 @@ def table(rows: list[dict]) -> str:
 
 
 def _dynamic_cell(row: dict) -> str:
-    """The dimensions the ONNX file keeps dynamic, and (in brackets) those of the source it fixes; "-" for a row
-    measured before edgeopt kept any or a source with none."""
+    """The dimensions the ONNX file keeps dynamic, (in brackets) those of the source it fixes, and the lowest
+    cosine of the bench's own check at 3x; "-" for a row measured before edgeopt kept any or a source with none."""
     dynamic = row.get("dynamic_axes")
     if not dynamic:
         return "-"
-    return ", ".join(dynamic["opened"]) + (f" ({', '.join(dynamic['fixed'])})" if dynamic["fixed"] else "")
+    check = dynamic.get("bench_check") or {}
+    at_3x = (f"; 3x: {min(check['cosine']):.3f}" if "cosine" in check else
+             "; 3x: error" if "error" in check else "")
+    return (", ".join(dynamic["opened"]) + (f" ({', '.join(dynamic['fixed'])})" if dynamic["fixed"] else "")
+            + at_3x)
 
 
 def saved_rows(paths: str) -> dict[str, dict]:

@@ -5,10 +5,12 @@ may fold what those sizes make constant. ONNX Runtime runs a file only at the si
 left at the fixed sizes would take away what the user's file could do (an OCR recogniser's text-line width, a
 detector's image size, the batch). :func:`reopen_onnx` declares the source's dynamic dimensions again where the
 artifact still computes the source's result at other sizes: it runs both at twice the calibrated size on each
-such dimension (each of a few calibration samples repeated along it); where that fails, on the dimensions at which the
-source itself runs grown one at a time (a dimension named alike on several inputs grows on all), then on the
-batch alone, and keeps the first that holds. The calibrated sizes are recorded in the file's metadata
-(``RECORDED_SHAPES``), where a validator takes them for a dimension it is given no size for.
+such dimension (a few calibration samples, each joined along the batch with the next one and along any other
+dimension with its own mirror image, so that a window or a scale fixed in the graph shows); where that fails,
+on the dimensions at which the source itself runs grown one at a time (a dimension named alike on several
+inputs grows on all), then on the batch alone, and keeps the first that holds. The calibrated sizes are
+recorded in the file's metadata (``RECORDED_SHAPES``), where a validator takes them for a dimension it is given
+no size for.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ PROBE_FACTOR = 2  # each opened dimension is checked at this multiple of its cal
 SAMPLES = 3  # calibration samples the check runs
 LINE = 200  # characters of a runtime's error kept in the reason
 TOLERANCE = 0.02  # the worst output's cosine at the probe sizes may sit this far below the calibrated sizes'
+SCALE_TOLERANCE = 0.05  # and its norm may stray this much further from the source's (cosine ignores scale)
 
 
 @dataclass(frozen=True)
@@ -76,19 +79,26 @@ def reopen_onnx(artifact, source_path, declared: list[TensorSpec], samples: list
 
     samples = samples[:SAMPLES]
     sample = samples[0]  # the sizes, and the structural probes of the source
-    dynamic = dynamic_dims(declared, sample)
+    dynamic = dynamic_dims(declared, {value.name for value in artifact.graph.input} & set(sample))
     if not dynamic:
         return artifact, None
     source = onnx.load(str(source_path), load_external_data=False)
     batch = {spec.name: [spec.batch_dim] for spec in declared if spec.batch_dim in dynamic.get(spec.name, [])}
-    reference = _session(str(source_path))
     extra = source_feeds or {}
-    calibrated = [_run(reference, {**s, **extra}) for s in samples]
+    try:
+        reference = _session(str(source_path))
+        calibrated = [_run(reference, {**s, **extra}) for s in samples]
+    except Exception as exc:  # the file as it is, unpinned and at dimensions declared 0: not every one runs
+        return artifact, Reopened([], _fixed(dynamic, {}, sample), {}, None, None, len(samples),
+                                  f"ONNX Runtime does not run the source file as it is ({_line(exc)})")
     failures = []
+
+    def probes(axes: dict[str, list[int]]) -> list[dict[str, np.ndarray]]:
+        return [_probe(samples, index, axes, batch) for index in range(len(samples))]
 
     def source_runs(axes: dict[str, list[int]]) -> bool:
         try:
-            _run(reference, {**_probe(sample, axes), **extra})
+            _run(reference, {**probes(axes)[0], **extra})
             return True
         except Exception as exc:
             failures.append(f"the source does not run at {_sizes(_shapes(sample, axes))} ({_line(exc)})")
@@ -96,16 +106,16 @@ def reopen_onnx(artifact, source_path, declared: list[TensorSpec], samples: list
 
     for axes in _attempts(dynamic, batch, _groups(source, dynamic), source_runs):
         model = _declared(artifact, source, axes, sample)
-        probes, shapes = [_probe(s, axes) for s in samples], _shapes(sample, axes)
+        grown, shapes = probes(axes), _shapes(sample, axes)
         try:
-            expected = [_run(reference, {**probe, **extra}) for probe in probes]
+            expected = [_run(reference, {**probe, **extra}) for probe in grown]
         except Exception as exc:
             failures.append(f"the source does not run at {_sizes(shapes)} ({_line(exc)})")
             continue
         try:
             session = _session(model.SerializeToString())
-            at_calibrated = min(_worst_cosine(_run(session, s), c) for s, c in zip(samples, calibrated))
-            got = [_run(session, probe) for probe in probes]
+            at_calibrated = _agreement([_run(session, s) for s in samples], calibrated)
+            got = [_run(session, probe) for probe in grown]
         except Exception as exc:
             failures.append(f"the artifact does not run at {_sizes(shapes)} ({_line(exc)})")
             continue
@@ -113,14 +123,18 @@ def reopen_onnx(artifact, source_path, declared: list[TensorSpec], samples: list
             failures.append(f"at {_sizes(shapes)} the artifact's output shapes {[list(g.shape) for g in got[0]]} "
                             f"differ from the source's {[list(e.shape) for e in expected[0]]}")
             continue
-        at_probe = min(_worst_cosine(g, e) for g, e in zip(got, expected))
-        if at_probe < at_calibrated - TOLERANCE:
-            failures.append(f"at {_sizes(shapes)} its worst output's cosine to the source is {at_probe:.4f}, "
-                            f"{at_calibrated:.4f} at the calibrated sizes")
+        at_probe = _agreement(got, expected)
+        if at_probe.cosine < at_calibrated.cosine - TOLERANCE:
+            failures.append(f"at {_sizes(shapes)} its worst output's cosine to the source is {at_probe.cosine:.4f}, "
+                            f"{at_calibrated.cosine:.4f} at the calibrated sizes")
+            continue
+        if at_probe.scale_error > at_calibrated.scale_error + SCALE_TOLERANCE:
+            failures.append(f"at {_sizes(shapes)} an output's norm is {at_probe.scale_error:.1%} off the source's, "
+                            f"{at_calibrated.scale_error:.1%} at the calibrated sizes")
             continue
         fixed = _fixed(dynamic, axes, sample)
-        return model, Reopened(_names(axes), fixed, shapes, round(at_probe, 6), round(at_calibrated, 6),
-                               len(samples), "; ".join(failures) if fixed else "")
+        return model, Reopened(_names(axes), fixed, shapes, round(at_probe.cosine, 6),
+                               round(at_calibrated.cosine, 6), len(samples), "; ".join(failures) if fixed else "")
     return artifact, Reopened([], _fixed(dynamic, {}, sample), {}, None, None, len(samples), "; ".join(failures))
 
 
@@ -156,8 +170,21 @@ def _union(groups: list[dict[str, list[int]]]) -> dict[str, list[int]]:
     return {name: sorted(axes) for name, axes in merged.items()}
 
 
-def _probe(sample: dict[str, np.ndarray], axes: dict[str, list[int]]) -> dict[str, np.ndarray]:
-    return {name: _grown(value, axes.get(name, [])) for name, value in sample.items()}
+def _probe(samples: list[dict[str, np.ndarray]], index: int, axes: dict[str, list[int]],
+           batch: dict[str, list[int]]) -> dict[str, np.ndarray]:
+    """Sample ``index`` grown ``PROBE_FACTOR`` times on ``axes``: along a batch axis joined with the next
+    samples, along any other with its mirror image (different content, so a window or a count fixed in the graph
+    changes the result)."""
+    grown = {}
+    for name, value in samples[index].items():
+        for axis in axes.get(name, []):
+            if axis in batch.get(name, []):
+                parts = [samples[(index + k) % len(samples)][name] for k in range(PROBE_FACTOR)]
+            else:
+                parts = [value if k % 2 == 0 else np.flip(value, axis) for k in range(PROBE_FACTOR)]
+            value = np.concatenate(parts, axis=axis)
+        grown[name] = value
+    return grown
 
 
 def _shapes(sample: dict[str, np.ndarray], axes: dict[str, list[int]]) -> dict[str, list[int]]:
@@ -181,8 +208,9 @@ def _declared(artifact, source, axes: dict[str, list[int]], sample: dict[str, np
                 dim.Clear()
     outputs = {value.name: value for value in source.graph.output}
     for value in model.graph.output:
-        if value.name in outputs:
-            value.type.CopyFrom(outputs[value.name].type)
+        declared_output = outputs.get(value.name)
+        if declared_output is not None and declared_output.type.tensor_type.HasField("shape"):
+            value.type.tensor_type.shape.CopyFrom(declared_output.type.tensor_type.shape)
         else:
             value.type.tensor_type.ClearField("shape")
     del model.graph.value_info[:]
@@ -192,12 +220,6 @@ def _declared(artifact, source, axes: dict[str, list[int]], sample: dict[str, np
     shapes = {name: list(sample[name].shape) for name in axes}
     model.metadata_props.add(key=RECORDED_SHAPES, value=jsonio.dumps(shapes, sort_keys=True))
     return model
-
-
-def _grown(value: np.ndarray, axes: list[int]) -> np.ndarray:
-    for axis in axes:
-        value = np.concatenate([value] * PROBE_FACTOR, axis=axis)
-    return value
 
 
 def _session(model):
@@ -214,10 +236,22 @@ def _run(session, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     return session.run(None, {name: value for name, value in feeds.items() if name in wanted})
 
 
-def _worst_cosine(outputs: list[np.ndarray], reference: list[np.ndarray]) -> float:
+@dataclass(frozen=True)
+class _Agreement:
+    cosine: float  # the worst output's cosine to the source's
+    scale_error: float  # the largest |norm / the source's norm - 1| of an output
+
+
+def _agreement(runs: list[list[np.ndarray]], references: list[list[np.ndarray]]) -> _Agreement:
+    """How close each run's outputs are to the source's, worst over outputs and runs."""
     from edgeopt.evaluate import sample_cosines
 
-    return min(float(sample_cosines(np.asarray(o)[None], np.asarray(r)[None])[0]) for o, r in zip(outputs, reference))
+    pairs = [(np.asarray(o, np.float64).ravel(), np.asarray(r, np.float64).ravel())
+             for run, reference in zip(runs, references) for o, r in zip(run, reference)]
+    cosine = min(float(sample_cosines(o[None], r[None])[0]) for o, r in pairs)
+    norms = [(np.linalg.norm(o), np.linalg.norm(r)) for o, r in pairs]
+    scale = max(abs(a / b - 1) if b else (0.0 if a == 0 else np.inf) for a, b in norms)
+    return _Agreement(cosine, float(scale))
 
 
 def _names(axes: dict[str, list[int]]) -> list[str]:

@@ -181,3 +181,70 @@ def test_the_dimensions_the_source_runs_at_open_and_the_others_stay_fixed_with_w
         ["batch", 3, 16, "width"]
     assert reopened.note().endswith(f"fixed in the ONNX artifact, which runs at these sizes only: x[2] = 16 "
                                     f"({reopened.reason})")
+
+
+def _graph(path, nodes, inputs, output, rank, initializers=()):
+    """A one-output float graph at opset 13, saved at ``path``; ``inputs``: name -> declared dims; the output's
+    ``rank`` dimensions unnamed."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, d)
+                                           for n, d in inputs.items()],
+                              [helper.make_tensor_value_info(output, TensorProto.FLOAT, [None] * rank)], list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    onnx.save(model, str(path))
+    return model
+
+
+def _mean_graphs(tmp_path):
+    """The mean over a dynamic width: the source divides by the width it reads from the shape; the "artifact" by
+    16, the calibrated width, as a graph that folded the shape would. Same cosine at any width, not the same
+    scale."""
+    from onnx import helper, numpy_helper
+
+    total = helper.make_node("ReduceSum", ["x", "axes"], ["total"], keepdims=1)
+    axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+    source = _graph(tmp_path / "mean.onnx", [
+        total, helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "one"], ["width_i"], axis=0),
+        helper.make_node("Cast", ["width_i"], ["width"], to=onnx.TensorProto.FLOAT),
+        helper.make_node("Div", ["total", "width"], ["y"])], {"x": ["n", "w"]}, "y", 2,
+        [axes, numpy_helper.from_array(np.array(1, np.int64), "one")])
+    folded = _graph(tmp_path / "folded.onnx", [total, helper.make_node("Div", ["total", "sixteen"], ["y"])],
+                    {"x": [1, 16]}, "y", 2, [axes, numpy_helper.from_array(np.array(16, np.float32), "sixteen")])
+    return source, folded
+
+
+def test_a_size_folded_into_a_scale_keeps_the_dimension_fixed(tmp_path):
+    _, folded = _mean_graphs(tmp_path)
+    declared = load_model(tmp_path / "mean.onnx", {"x": (1, 16)}).declared_inputs
+    samples = [{"x": np.random.default_rng(i).random((1, 16), dtype=np.float32) + 0.5} for i in range(3)]
+    kept, reopened = reopen_onnx(folded, tmp_path / "mean.onnx", declared, samples)
+    assert reopened.opened == ["x[0]"] and reopened.fixed == ["x[1] = 16"]  # the batch alone is fine
+    assert reopened.reason == "at x=2,32 an output's norm is 100.0% off the source's, 0.0% at the calibrated sizes"
+    assert reopened.cosine == pytest.approx(1.0)  # which cosine alone could not tell
+
+
+def test_a_source_onnx_runtime_cannot_run_as_given_keeps_every_dimension_fixed(tmp_path):
+    _, folded = _mean_graphs(tmp_path)
+    declared = load_model(tmp_path / "mean.onnx", {"x": (1, 16)}).declared_inputs
+    strict = _graph(tmp_path / "strict.onnx", [onnx.helper.make_node("Relu", ["x"], ["y"])], {"x": ["n", 8]}, "y", 2)  # declares a width of 8: ONNX Runtime refuses the 16-wide sample
+    assert strict is not None
+    kept, reopened = reopen_onnx(folded, tmp_path / "strict.onnx", declared, [{"x": np.ones((1, 16), np.float32)}])
+    assert kept is folded and reopened.opened == [] and reopened.fixed == ["x[0] = 1", "x[1] = 16"]
+    assert reopened.reason.startswith("ONNX Runtime does not run the source file as it is (")
+
+
+def test_an_input_the_artifact_lacks_is_neither_opened_nor_recorded(tmp_path):
+    from onnx import helper
+
+    source = tmp_path / "two.onnx"
+    _graph(source, [helper.make_node("Relu", ["x"], ["y"])], {"x": ["n", 4], "u": ["n", 4]}, "y", 2)
+    artifact = _graph(tmp_path / "one.onnx", [helper.make_node("Relu", ["x"], ["y"])], {"x": [1, 4]}, "y", 2)
+    declared = load_model(source, {"x": (1, 4), "u": (1, 4)}).declared_inputs
+    samples = [{"x": np.random.default_rng(i).standard_normal((1, 4)).astype(np.float32),
+                "u": np.zeros((1, 4), np.float32)} for i in range(3)]
+    opened, reopened = reopen_onnx(artifact, source, declared, samples)
+    assert reopened.opened == ["x[0]"]
+    meta = {p.key: p.value for p in opened.metadata_props}
+    assert json.loads(meta["edgeopt.input_shapes"]) == {"x": [1, 4]}

@@ -427,5 +427,5 @@ def test_a_full_disk_in_a_library_temp_file_is_one_line_exit_2():
 
     result = CliRunner().invoke(group, ["write"])
     assert result.exit_code == 2, result.output
-    assert result.stderr.startswith("edgeopt: no space left on the device while writing ")
+    assert result.stderr.startswith("edgeopt: the disk refused a write (No space left on device) of ")
     assert "TMPDIR" in result.stderr and "internal error" not in result.stderr and len(result.stderr.splitlines()) == 1

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import sys
@@ -12,6 +11,7 @@ import warnings
 import click
 
 from edgeopt import __version__
+from edgeopt.atomic import DISK_ERRNOS
 from edgeopt.errors import EdgeoptError, first_line
 
 
@@ -41,11 +41,11 @@ class _Group(click.Group):
             click.echo("edgeopt: interrupted; no output was written", err=True)
             sys.exit(130)
         except Exception as exc:  # a bug: short message, full traceback in a private log
-            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:  # the machine's state, not a bug
-                where = exc.filename or "a temporary file"  # a library's temp file (ONNX's save) names no path
-                click.echo(f"edgeopt: no space left on the device while writing {where}; free some space "
-                           f"(temporary files go to {tempfile.gettempdir()}; TMPDIR moves them); no output was "
-                           f"written", err=True)
+            if isinstance(exc, OSError) and exc.errno in DISK_ERRNOS:  # the machine's state, not a bug
+                where = exc.filename or "a file it does not name (a library's temporary file, likely)"
+                click.echo(f"edgeopt: the disk refused a write ({exc.strerror}) of {where}; free some space or "
+                           f"fix the disk (temporary files go to {tempfile.gettempdir()}; TMPDIR moves them); no "
+                           f"output was written", err=True)
                 sys.exit(2)  # as atomic.WriteError for a full disk at the output
             from edgeopt.error_log import write_traceback
 

@@ -89,7 +89,7 @@ class Session:
     outputs: list[TensorSpec]
     settings: RuntimeSettings
     compile_seconds: float
-    recorded_shapes: dict[str, list[int]] = {}  # the sizes the file records for its dynamic inputs (edgeopt's)
+    recorded_shapes: dict[str, list[int]]  # the sizes the file records for its dynamic inputs (edgeopt's), or {}
 
     def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:  # pragma: no cover - interface
         raise NotImplementedError
