@@ -22,6 +22,7 @@ import numpy as np
 
 from edgeopt import jsonio
 from edgeopt.device.runtime import RECORDED_SHAPES, TensorSpec
+from edgeopt.source import dynamic_dims, fixed_dim
 
 PROBE_FACTOR = 2  # each opened dimension is checked at this multiple of its calibrated size
 SAMPLES = 3  # calibration samples the check runs
@@ -62,12 +63,6 @@ class Reopened:
         return "; ".join(parts)
 
 
-def dynamic_dims(declared: list[TensorSpec], kept) -> dict[str, list[int]]:
-    """Input name -> the axes ``declared`` leaves dynamic, for the inputs named in ``kept``."""
-    return {spec.name: axes for spec in declared if spec.name in kept
-            for axes in [[axis for axis, size in enumerate(spec.shape) if size is None]] if axes}
-
-
 def reopen_onnx(artifact, source_path, declared: list[TensorSpec], samples: list[dict[str, np.ndarray]],
                 source_feeds: dict[str, np.ndarray] | None = None):
     """``artifact`` (an ``onnx.ModelProto`` at the calibrated sizes) with the dynamic dimensions of
@@ -93,20 +88,19 @@ def reopen_onnx(artifact, source_path, declared: list[TensorSpec], samples: list
                                   f"ONNX Runtime does not run the source file as it is ({_line(exc)})")
     failures = []
 
-    def probes(axes: dict[str, list[int]]) -> list[dict[str, np.ndarray]]:
-        return [_probe(samples, index, axes, batch) for index in range(len(samples))]
-
     def source_runs(axes: dict[str, list[int]]) -> bool:
+        probe = _probe(samples, 0, axes, batch)
         try:
-            _run(reference, {**probes(axes)[0], **extra})
+            _run(reference, {**probe, **extra})
             return True
         except Exception as exc:
-            failures.append(f"the source does not run at {_sizes(_shapes(sample, axes))} ({_line(exc)})")
+            failures.append(f"the source does not run at {_sizes(_shapes(probe, axes))} ({_line(exc)})")
             return False
 
     for axes in _attempts(dynamic, batch, _groups(source, dynamic), source_runs):
         model = _declared(artifact, source, axes, sample)
-        grown, shapes = probes(axes), _shapes(sample, axes)
+        grown = [_probe(samples, index, axes, batch) for index in range(len(samples))]
+        shapes = _shapes(grown[0], axes)
         try:
             expected = [_run(reference, {**probe, **extra}) for probe in grown]
         except Exception as exc:
@@ -187,9 +181,9 @@ def _probe(samples: list[dict[str, np.ndarray]], index: int, axes: dict[str, lis
     return grown
 
 
-def _shapes(sample: dict[str, np.ndarray], axes: dict[str, list[int]]) -> dict[str, list[int]]:
-    return {name: [size * (PROBE_FACTOR if axis in axes[name] else 1) for axis, size in enumerate(value.shape)]
-            for name, value in sample.items() if name in axes}
+def _shapes(probe: dict[str, np.ndarray], axes: dict[str, list[int]]) -> dict[str, list[int]]:
+    """The sizes of the grown inputs of ``probe``."""
+    return {name: list(value.shape) for name, value in probe.items() if name in axes}
 
 
 def _declared(artifact, source, axes: dict[str, list[int]], sample: dict[str, np.ndarray]):
@@ -259,7 +253,7 @@ def _names(axes: dict[str, list[int]]) -> list[str]:
 
 
 def _fixed(dynamic: dict[str, list[int]], opened: dict[str, list[int]], sample: dict[str, np.ndarray]) -> list[str]:
-    return [f"{name}[{axis}] = {sample[name].shape[axis]}" for name, axes in dynamic.items() for axis in axes
+    return [fixed_dim(name, axis, sample[name].shape[axis]) for name, axes in dynamic.items() for axis in axes
             if axis not in opened.get(name, [])]
 
 

@@ -275,7 +275,7 @@ def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target
 def _reopen_dynamic_axes(working: WorkingModel, source: SourceModel, pinned, calib: SampleSet) -> Reopened | None:
     """The source file's dynamic input dimensions declared again in the ONNX graph where it still computes the
     source's result at other sizes (``edgeopt.dynamic_axes``); None when there is no ONNX graph or source file."""
-    if "onnx" not in working.graphs or source.kind != "onnx" or not source.fixed_dims():
+    if "onnx" not in working.graphs or source.kind != "onnx" or not source.dynamic_axes():
         return None
     pinned_feeds = {}
     if pinned is not None:

@@ -43,12 +43,16 @@ class SourceModel:
     declared_inputs: list[TensorSpec] = field(default_factory=list)  # None where dynamic: an ONNX/IR file's, a HF
     # folder's (batch and length); none for a PyTorch factory, whose example input sets every dimension
 
+    def dynamic_axes(self) -> dict[str, list[int]]:
+        """Input name -> the axes the file declares dynamic and ``inputs`` fixes."""
+        return dynamic_dims(self.declared_inputs, self.input_names)
+
     def fixed_dims(self) -> list[str]:
         """The input dimensions the file declares dynamic and ``inputs`` fixes (``x[0] = 1``): what the
         artifacts, converted at those shapes, run at."""
         fixed = {spec.name: spec.shape for spec in self.inputs}
-        return [f"{spec.name}[{axis}] = {fixed[spec.name][axis]}" for spec in self.declared_inputs
-                if spec.name in fixed for axis, size in enumerate(spec.shape) if size is None]
+        return [fixed_dim(name, axis, fixed[name][axis]) for name, axes in self.dynamic_axes().items()
+                for axis in axes]
 
     @property
     def input_names(self) -> list[str]:
@@ -106,6 +110,17 @@ class SourceModel:
         model = onnx.load(str(self.path))
         _fix_onnx_input_shapes(model, self.inputs)
         return model
+
+
+def dynamic_dims(declared: list[TensorSpec], kept) -> dict[str, list[int]]:
+    """Input name -> the axes ``declared`` leaves dynamic, for the inputs named in ``kept``."""
+    return {spec.name: axes for spec in declared if spec.name in kept
+            for axes in [[axis for axis, size in enumerate(spec.shape) if size is None]] if axes}
+
+
+def fixed_dim(name: str, axis: int, size: int) -> str:
+    """A dynamic dimension fixed at ``size``, as notes and reports write it: ``x[0] = 1``."""
+    return f"{name}[{axis}] = {size}"
 
 
 def load_model(spec: str | Path, input_shapes: dict[str, tuple[int, ...]] | None = None,

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from edgeopt.dynamic_axes import dynamic_dims
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.model_type import TRANSFORMER, ModelType, detect_model_type, ffn_down_projections
 from edgeopt.passes.base import PassContext, WorkingModel
@@ -89,8 +88,7 @@ def int8(model: WorkingModel, ctx: PassContext, config: Int8Config) -> None:
 
 def _declared_dynamic(model: WorkingModel) -> dict[str, list[int]] | None:
     """The input axes an ONNX source file declares dynamic (``edgeopt.dynamic_axes``), None for other sources."""
-    source = model.source
-    return dynamic_dims(source.declared_inputs, source.input_names) if source.kind == "onnx" else None
+    return model.source.dynamic_axes() if model.source.kind == "onnx" else None
 
 
 def _cosine_floor(ctx: PassContext) -> float | None:
