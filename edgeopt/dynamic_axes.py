@@ -1,5 +1,8 @@
 """The source's dynamic input dimensions, opened again in the ONNX artifact.
 
+The source is an ONNX file, or a PyTorch model that declares dynamic dimensions (a Hugging Face folder's batch
+and length), whose FP32 ONNX export with those dimensions dynamic stands for it here.
+
 edgeopt converts and calibrates at fixed sizes (``--input-shape``, a dynamic batch at 1), and its graph passes
 may fold what those sizes make constant. ONNX Runtime runs a file only at the sizes it declares, so an artifact
 left at the fixed sizes would take away what the user's file could do (an OCR recogniser's text-line width, a
@@ -63,13 +66,13 @@ class Reopened:
         return "; ".join(parts)
 
 
-def reopen_onnx(artifact, source_path, declared: list[TensorSpec], samples: list[dict[str, np.ndarray]],
+def reopen_onnx(artifact, source, declared: list[TensorSpec], samples: list[dict[str, np.ndarray]],
                 source_feeds: dict[str, np.ndarray] | None = None):
     """``artifact`` (an ``onnx.ModelProto`` at the calibrated sizes) with the dynamic dimensions of
-    ``declared`` (the source file's inputs) declared again where it still matches the source file at
-    ``source_path`` on the first ``SAMPLES`` of ``samples`` grown along them; returns ``(model, Reopened)``, or
-    ``(artifact, None)`` when the source declares no dynamic dimension. ``source_feeds``: inputs the source has
-    and the artifact does not (pinned rank-0 values)."""
+    ``declared`` (the source's inputs) declared again where it still matches ``source`` (the ONNX file's path,
+    or a ``ModelProto``: a PyTorch model's FP32 export) on the first ``SAMPLES`` of ``samples`` grown along them;
+    returns ``(model, Reopened)``, or ``(artifact, None)`` when the source declares no dynamic dimension.
+    ``source_feeds``: inputs the source has and the artifact does not (pinned rank-0 values)."""
     import onnx
 
     samples = samples[:SAMPLES]
@@ -77,15 +80,18 @@ def reopen_onnx(artifact, source_path, declared: list[TensorSpec], samples: list
     dynamic = dynamic_dims(declared, {value.name for value in artifact.graph.input} & set(sample))
     if not dynamic:
         return artifact, None
-    source = onnx.load(str(source_path), load_external_data=False)
+    if isinstance(source, onnx.ModelProto):
+        source_model, runnable, what = source, source.SerializeToString(), "the source's FP32 export"
+    else:
+        source_model, runnable, what = onnx.load(str(source), load_external_data=False), str(source), "the source file"
     batch = {spec.name: [spec.batch_dim] for spec in declared if spec.batch_dim in dynamic.get(spec.name, [])}
     extra = source_feeds or {}
     try:
-        reference = _session(str(source_path))
+        reference = _session(runnable)
         calibrated = [_run(reference, {**s, **extra}) for s in samples]
     except Exception as exc:  # the file as it is, unpinned and at dimensions declared 0: not every one runs
         return artifact, Reopened([], _fixed(dynamic, {}, sample), {}, None, None, len(samples),
-                                  f"ONNX Runtime does not run the source file as it is ({_line(exc)})")
+                                  f"ONNX Runtime does not run {what} as it is ({_line(exc)})")
     failures = []
 
     def source_runs(axes: dict[str, list[int]]) -> bool:
@@ -97,8 +103,8 @@ def reopen_onnx(artifact, source_path, declared: list[TensorSpec], samples: list
             failures.append(f"the source does not run at {_sizes(_shapes(probe, axes))} ({_line(exc)})")
             return False
 
-    for axes in _attempts(dynamic, batch, _groups(source, dynamic), source_runs):
-        model = _declared(artifact, source, axes, sample)
+    for axes in _attempts(dynamic, batch, _groups(source_model, dynamic), source_runs):
+        model = _declared(artifact, source_model, axes, sample)
         grown = [_probe(samples, index, axes, batch) for index in range(len(samples))]
         shapes = _shapes(grown[0], axes)
         try:

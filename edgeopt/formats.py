@@ -21,7 +21,7 @@ from edgeopt.errors import BadInputError
 @dataclass(frozen=True)
 class Format:
     file: FileFormat
-    from_torch: Callable[[Any, tuple, list[str]], Any]  # (module, example input, input names) -> graph
+    from_torch: Callable[..., Any]  # (module, example input, input names, output names, dynamic axes) -> graph
     from_source: Callable[[Any], Any]  # (edgeopt.source.SourceModel of an ONNX / IR file) -> graph
     write: Callable[[Any, Path, bool], None]  # (graph, main file, float weights as FP16)
     count_weights: Callable[[Any], Any]  # graph -> edgeopt.weight_bytes.WeightBytes
@@ -60,7 +60,7 @@ class Format:
 # --- OpenVINO IR
 
 
-def _ov_from_torch(module, example, names, output_names=None):
+def _ov_from_torch(module, example, names, output_names=None, dynamic=None):  # the IR keeps the example's sizes
     from edgeopt.source import to_openvino
 
     return to_openvino(module, example, names, output_names)
@@ -108,10 +108,14 @@ def _ov_weights(graph):
 # --- ONNX
 
 
-def _onnx_from_torch(module, example, names, output_names=None):
-    from edgeopt.source import to_onnx
+def _onnx_from_torch(module, example, names, output_names=None, dynamic=None):
+    """Exported with the ``dynamic`` axes dynamic (its shapes computed, not held), then pinned at the example's
+    sizes, as an ONNX file's inputs are (``edgeopt.dynamic_axes`` declares them again once compressed)."""
+    from edgeopt.source import pin_onnx_inputs, to_onnx
 
-    return to_onnx(module, example, names, output_names)
+    model = to_onnx(module, example, names, output_names, dynamic)
+    pin_onnx_inputs(model, {name: tuple(tensor.shape) for name, tensor in zip(names, example)})
+    return model
 
 
 def _onnx_write(graph, main: Path, fp16: bool) -> None:  # FP16 is a graph rewrite in the fp16 pass for ONNX

@@ -14,14 +14,22 @@ import numpy as np
 from edgeopt import atomic, jsonio
 from edgeopt.data import SampleSet, load_samples
 from edgeopt.device.formats import format_for_runtime, model_suffixes
+from edgeopt.device.golden import GoldenResult, GoldenSet, load_golden
 from edgeopt.device.host import host_info
 from edgeopt.device.runtime import SESSIONS, RuntimeSettings
-from edgeopt.device.golden import GoldenResult, GoldenSet, load_golden
 from edgeopt.device.validate import ValidationReport
 from edgeopt.dynamic_axes import Reopened, reopen_onnx
 from edgeopt.errors import BadInputError
-from edgeopt.evaluate import (EVAL_SETTINGS, Quality, QualityGate, all_outputs, language_model_ids,
-                              measure_outputs, original_predictor, session_predictor)
+from edgeopt.evaluate import (
+    EVAL_SETTINGS,
+    Quality,
+    QualityGate,
+    all_outputs,
+    language_model_ids,
+    measure_outputs,
+    original_predictor,
+    session_predictor,
+)
 from edgeopt.export import Artifact, save_artifacts, saved_bytes
 from edgeopt.formats import FORMATS, REFERENCE, artifact_weight_bytes, format_of, parse_formats
 from edgeopt.passes.base import PassContext, WorkingModel
@@ -30,8 +38,8 @@ from edgeopt.pinning import pin_branch_inputs
 from edgeopt.provenance import describe_inputs
 from edgeopt.recipe import Recipe, Step, build_recipe, recipe_toml
 from edgeopt.reporting.reports import CompressReport
-from edgeopt.source import SourceModel, load_model
 from edgeopt.reporting.steps import StepRecorder, StepReport
+from edgeopt.source import SourceModel, load_model, to_onnx
 from edgeopt.targets import Measuring, Target, load_target, validate_on
 from edgeopt.versions import tool_versions
 from edgeopt.vs_fp32 import VsFp32
@@ -273,15 +281,19 @@ def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target
 
 
 def _reopen_dynamic_axes(working: WorkingModel, source: SourceModel, pinned, calib: SampleSet) -> Reopened | None:
-    """The source file's dynamic input dimensions declared again in the ONNX graph where it still computes the
-    source's result at other sizes (``edgeopt.dynamic_axes``); None when there is no ONNX graph or source file."""
-    if "onnx" not in working.graphs or source.kind != "onnx" or not source.dynamic_axes():
+    """The source's dynamic input dimensions declared again in the ONNX graph where it still computes the
+    source's result at other sizes (``edgeopt.dynamic_axes``), checked against the source file or, for a
+    PyTorch model, its FP32 export with those dimensions dynamic; None when there is no ONNX graph or no dynamic
+    dimension."""
+    if "onnx" not in working.graphs or source.kind == "openvino" or not source.dynamic_axes():
         return None
     pinned_feeds = {}
     if pinned is not None:
         dtypes = {spec.name: spec.dtype for spec in source.inputs}
         pinned_feeds = {name: np.asarray(value, dtypes[name]) for name, value in pinned.values.items()}
-    working.graphs["onnx"], reopened = reopen_onnx(working.graphs["onnx"], source.path, source.declared_inputs,
+    reference = source.path if source.kind == "onnx" else to_onnx(
+        working.torch_module, source.example_input, source.input_names, source.output_names, source.dynamic_axes())
+    working.graphs["onnx"], reopened = reopen_onnx(working.graphs["onnx"], reference, source.declared_inputs,
                                                    calib.samples, pinned_feeds)
     return reopened
 
@@ -374,12 +386,12 @@ def _run_recipe(source: SourceModel, recipe: Recipe, ctx: PassContext, formats: 
         for name in dict.fromkeys((REFERENCE, *formats)):
             fmt = FORMATS[name]
             working.graphs[name] = (fmt.from_torch(working.torch_module, source.example_input, source.input_names,
-                                                   source.output_names)
+                                                   source.output_names, source.dynamic_axes())
                                     if source.kind == "torch" else fmt.from_source(source))
     # Size baselines are the original model's, not the model after pruning.
     originals = dict(working.graphs) if not torch_steps else {
         name: FORMATS[name].from_torch(source.torch_module, source.example_input, source.input_names,
-                                       source.output_names) for name in working.graphs}
+                                       source.output_names, source.dynamic_axes()) for name in working.graphs}
     # Some graph passes change the model in place (nncf.compress_weights on OpenVINO): keep copies.
     baseline = WorkingModel(source, graphs={name: _copy_graph(name, g) for name, g in originals.items()})
     original = originals[REFERENCE]

@@ -108,7 +108,7 @@ class SourceModel:
         if self.kind == "torch":
             return to_onnx(self.torch_module, self.example_input, self.input_names, self.output_names)
         model = onnx.load(str(self.path))
-        _fix_onnx_input_shapes(model, self.inputs)
+        pin_onnx_inputs(model, {spec.name: spec.shape for spec in self.inputs})
         return model
 
 
@@ -116,6 +116,22 @@ def dynamic_dims(declared: list[TensorSpec], kept) -> dict[str, list[int]]:
     """Input name -> the axes ``declared`` leaves dynamic, for the inputs named in ``kept``."""
     return {spec.name: axes for spec in declared if spec.name in kept
             for axes in [[axis for axis, size in enumerate(spec.shape) if size is None]] if axes}
+
+
+def dynamic_dim_name(axis: int) -> str:
+    """The name a PyTorch export gives a dynamic dimension: ``batch`` on axis 0, else ``dim{axis}`` (a Hugging
+    Face model's ``input_ids`` and ``attention_mask`` share their length, ``dim1``)."""
+    return "batch" if axis == 0 else f"dim{axis}"
+
+
+def pin_onnx_inputs(model, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Give the ONNX model's inputs named in ``shapes`` those static sizes (in place)."""
+    for value in model.graph.input:
+        if value.name not in shapes:
+            continue
+        for dim, size in zip(value.type.tensor_type.shape.dim, shapes[value.name]):
+            dim.ClearField("dim_param")
+            dim.dim_value = size
 
 
 def fixed_dim(name: str, axis: int, size: int) -> str:
@@ -267,8 +283,13 @@ def _global_pools(module, example_input: tuple):
     return rewritten
 
 
-def to_onnx(module, example_input: tuple, input_names: list[str], output_names: list[str] | None = None):
-    """Export a torch module to an ``onnx.ModelProto`` (TorchScript exporter: one self-contained file)."""
+def to_onnx(module, example_input: tuple, input_names: list[str], output_names: list[str] | None = None,
+            dynamic: dict[str, list[int]] | None = None):
+    """Export a torch module to an ``onnx.ModelProto`` (TorchScript exporter: one self-contained file).
+
+    ``dynamic`` (input name -> axes) are exported as dynamic dimensions, named alike on every input
+    (``dynamic_dim_name``), so that the graph computes its shapes instead of holding the example's sizes; the
+    torch.export-based exporters, tried where tracing fails, export the example's sizes."""
     import onnx
     import torch
 
@@ -283,7 +304,9 @@ def to_onnx(module, example_input: tuple, input_names: list[str], output_names: 
                     torch.onnx.export(module.eval(), example_input, str(target), dynamo=False,
                                       input_names=input_names,
                                       output_names=output_names or _output_names(module, example_input),
-                                      opset_version=17)
+                                      opset_version=17, dynamic_axes={
+                                          name: {axis: dynamic_dim_name(axis) for axis in axes}
+                                          for name, axes in (dynamic or {}).items()} or None)
         except Exception as exc:
             if isinstance(module, torch.export.ExportedProgram):
                 raise BadInputError(f"torch cannot export the model to ONNX ({first_line(exc)})") from exc
@@ -462,14 +485,3 @@ def _resolve_shapes(path: Path, specs: list[TensorSpec], input_shapes: dict) -> 
                                 f"give it with --input-shape {spec.name}=D1,D2,...")
         resolved.append(TensorSpec(spec.name, tuple(shape), spec.dtype, spec.batch_axis))
     return resolved
-
-
-def _fix_onnx_input_shapes(model, specs: list[TensorSpec]) -> None:
-    by_name = {spec.name: spec for spec in specs}
-    for value in model.graph.input:
-        spec = by_name.get(value.name)
-        if spec is None:
-            continue
-        for dim, size in zip(value.type.tensor_type.shape.dim, spec.shape):
-            dim.ClearField("dim_param")
-            dim.dim_value = size

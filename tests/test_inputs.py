@@ -243,12 +243,38 @@ def test_hugging_face_folder_compresses_with_text_calibration(tmp_path, hf_folde
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
     assert any("model_type=transformer" in note for note in report["notes"])
-    assert any("input_ids[0] = 1, input_ids[1] = 24" in note for note in report["notes"])  # length fixed: said
+    assert any("fixed in the OpenVINO IR" in note and "input_ids[0] = 1, input_ids[1] = 24" in note
+               for note in report["notes"])  # the IR's length fixed: said
     for fmt in ("openvino", "onnx"):
         quality = report["quality"]["artifacts"][fmt]
         assert set(quality["outputs"]) == {"last_hidden_state", "pooler_output"}
         assert quality["outputs"]["last_hidden_state"]["cosine"] > 0.99
         assert quality["outputs"]["last_hidden_state"]["top1_agreement"] is None  # not a classifier
+    _onnx_takes_any_batch_and_length(out / "model.onnx", hf_folder, report["decisions"]["dynamic_axes"])
+
+
+def _onnx_takes_any_batch_and_length(path: Path, folder: Path, decided: dict) -> None:
+    """The ONNX artifact of a Hugging Face folder declares batch and length dynamic, as the folder's model takes
+    them, and computes the model's result at a batch and length it was not calibrated at."""
+    import onnxruntime as ort
+    import transformers
+
+    assert decided["fixed"] == [] and "input_ids[1]" in decided["opened"] and "attention_mask[1]" in decided["opened"]
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert all(isinstance(d, str) for i in session.get_inputs() for d in i.shape)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
+    feeds = {name: np.asarray(value, np.int64) for name, value in tokenizer(
+        ["the cat sat on the mat", "a big red house by the river under the blue sky ran fast"], padding=True,
+        return_tensors="np").items()}
+    assert feeds["input_ids"].shape == (2, 15)  # neither the calibrated batch 1 nor the length 24
+    got = session.run(["last_hidden_state"], feeds)[0]
+    with torch.no_grad():
+        expected = transformers.AutoModel.from_pretrained(str(folder)).eval()(
+            **{name: torch.from_numpy(value) for name, value in feeds.items()}).last_hidden_state.numpy()
+    assert got.shape == expected.shape
+    mask = feeds["attention_mask"].astype(bool)  # padded positions are not compared
+    a, b = got[mask].ravel(), expected[mask].ravel()
+    assert a @ b / np.linalg.norm(a) / np.linalg.norm(b) > 0.99
 
 
 def test_text_data_needs_a_tokenizer(tmp_path, tiny_onnx):

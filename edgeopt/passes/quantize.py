@@ -87,8 +87,9 @@ def int8(model: WorkingModel, ctx: PassContext, config: Int8Config) -> None:
 
 
 def _declared_dynamic(model: WorkingModel) -> dict[str, list[int]] | None:
-    """The input axes an ONNX source file declares dynamic (``edgeopt.dynamic_axes``), None for other sources."""
-    return model.source.dynamic_axes() if model.source.kind == "onnx" else None
+    """The input axes the source declares dynamic (``edgeopt.dynamic_axes``; an ONNX file's, a Hugging Face
+    folder's), None where it declares none."""
+    return model.source.dynamic_axes() or None
 
 
 def _cosine_floor(ctx: PassContext) -> float | None:
