@@ -592,12 +592,15 @@ def run_entry(entry: Entry, work: Path, timing: bool = True) -> dict:
         row["anchor_size_ratio"] = round(size(anchor_path) / size(source_onnx), 3)
         row["fidelity_anchor"] = per_output_cosine(outputs_of(anchor_path, "onnxruntime", samples), reference)
     row["outputs"] = len(reference[0])
-    dynamic = (report.get("decisions") or {}).get("dynamic_axes")
-    if dynamic:
-        row["dynamic_axes"] = {"opened": dynamic["opened"], "fixed": dynamic["fixed"]}
-        if dynamic["opened"] and has_onnx:
-            row["dynamic_axes"]["bench_check"] = grown_fidelity(int8_onnx, source_onnx, unpinned[0], samples[0],
-                                                                dynamic["opened"])
+    checks = (report.get("decisions") or {}).get("dynamic_axes") or {}
+    for key, fmt, path, runtime in (("dynamic_axes", "onnx", int8_onnx, "onnxruntime"),
+                                    ("dynamic_axes_ir", "openvino", int8_ir, "openvino")):
+        dynamic = checks.get(fmt)
+        if dynamic:
+            row[key] = {"opened": dynamic["opened"], "fixed": dynamic["fixed"]}
+            if dynamic["opened"]:
+                row[key]["bench_check"] = grown_fidelity(path, runtime, source_onnx, unpinned[0], samples[0],
+                                                         dynamic["opened"])
     if entry.vad:
         row["stream"] = stream_fidelity({**({"onnx": (int8_onnx, "onnxruntime")} if has_onnx else {}),
                                          "ir": (int8_ir, "openvino"),
@@ -628,11 +631,11 @@ def _interval(row: dict, fmt: str) -> str:
     return f" (p50 {versus['p50_ratio']:.2f}x, {low:.2f}-{high:.2f}x)"
 
 
-def grown_fidelity(int8_onnx: Path, source_onnx: Path, sample: dict, source_sample: dict,
+def grown_fidelity(artifact: Path, runtime: str, source_onnx: Path, sample: dict, source_sample: dict,
                    opened: list[str]) -> dict:
-    """The INT8 ONNX file against the source at three times the held-out sample's size on each dimension
-    edgeopt kept dynamic (``x[3]``; the sample tiled along it): the bench's own check, at another size than
-    edgeopt's (twice). Per-output cosine, or the error where either does not run."""
+    """The INT8 artifact (in ``runtime``) against the source at three times the held-out sample's size on each
+    dimension edgeopt kept dynamic (``x[3]``; the sample tiled along it): the bench's own check, at another size
+    than edgeopt's (twice). Per-output cosine, or the error where either does not run."""
     axes: dict[str, list[int]] = {}
     for dim in opened:
         name, axis = dim[:-1].rsplit("[", 1)
@@ -640,7 +643,7 @@ def grown_fidelity(int8_onnx: Path, source_onnx: Path, sample: dict, source_samp
     grow = lambda value, name: functools.reduce(  # noqa
         lambda v, axis: np.concatenate([v] * 3, axis=axis), axes.get(name, []), np.asarray(value))
     try:
-        got = outputs_of(int8_onnx, "onnxruntime", [{k: grow(v, k) for k, v in sample.items()}])
+        got = outputs_of(artifact, runtime, [{k: grow(v, k) for k, v in sample.items()}])
         want = outputs_of(source_onnx, "onnxruntime", [{k: grow(v, k) for k, v in source_sample.items()}])
     except Exception as exc:  # noqa: BLE001 - the row says what failed
         return {"error": (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]}
@@ -649,7 +652,8 @@ def grown_fidelity(int8_onnx: Path, source_onnx: Path, sample: dict, source_samp
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| entry | code | load | form | dynamic in the ONNX file (fixed) | opset | exit | recipe / ONNX backend "
+    head = ("| entry | code | load | form | dynamic in the ONNX file (fixed) | dynamic in the IR (fixed) | opset "
+            "| exit | recipe / ONNX backend "
             "| IR size | ONNX size | qs size | OV p50 INT8/FP32 | ORT p50 INT8/FP32 | qs p50/FP32 "
             "| cos ONNX (per output) | cos IR | cos qs | flagged |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
@@ -661,7 +665,7 @@ def table(rows: list[dict]) -> str:
         load = r.get("load_1min")
         lines.append("| " + " | ".join([
             r["name"], cell(r, "code"), f"{load['start']:.1f}-{load['end']:.1f}" if load else "-", r["form"],
-            _dynamic_cell(r), cell(r, "opset", str), exit_cell,
+            _dynamic_cell(r, "dynamic_axes"), _dynamic_cell(r, "dynamic_axes_ir"), cell(r, "opset", str), exit_cell,
             f"{cell(r, 'recipe')} / {cell(r, 'onnx_backend')}",
             cell(r, "ir_size_ratio", lambda v: f"{v:.2f}x"), cell(r, "onnx_size_ratio", lambda v: f"{v:.2f}x"),
             cell(r, "anchor_size_ratio", lambda v: f"{v:.2f}x"),
@@ -675,10 +679,11 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _dynamic_cell(row: dict) -> str:
-    """The dimensions the ONNX file keeps dynamic, (in brackets) those of the source it fixes, and the lowest
-    cosine of the bench's own check at 3x; "-" for a row measured before edgeopt kept any or a source with none."""
-    dynamic = row.get("dynamic_axes")
+def _dynamic_cell(row: dict, key: str) -> str:
+    """The dimensions the artifact (``key``: its row field) keeps dynamic, (in brackets) those of the source it
+    fixes, and the lowest cosine of the bench's own check at 3x; "-" for a row measured before edgeopt kept any
+    or a source with none."""
+    dynamic = row.get(key)
     if not dynamic:
         return "-"
     check = dynamic.get("bench_check") or {}

@@ -1,25 +1,28 @@
-"""The source's dynamic input dimensions, opened again in the ONNX artifact.
+"""The source's dynamic input dimensions, opened again in the ONNX artifact and the OpenVINO IR.
 
 The source is an ONNX file, or a PyTorch model that declares dynamic dimensions (a Hugging Face folder's batch
 and length), whose FP32 ONNX export with those dimensions dynamic stands for it here.
 
 edgeopt converts and calibrates at fixed sizes (``--input-shape``, a dynamic batch at 1), and its graph passes
-may fold what those sizes make constant. ONNX Runtime runs a file only at the sizes it declares, so an artifact
+may fold what those sizes make constant. A runtime runs a file only at the sizes it declares, so an artifact
 left at the fixed sizes would take away what the user's file could do (an OCR recogniser's text-line width, a
-detector's image size, the batch). :func:`reopen_onnx` declares the source's dynamic dimensions again where the
+detector's image size, the batch). :func:`reopen` declares the source's dynamic dimensions again where the
 artifact still computes the source's result at other sizes: it runs both at twice the calibrated size on each
 such dimension (a few calibration samples, each joined along the batch with the next one and along any other
 dimension with its own mirror image, so that a window or a scale fixed in the graph shows); where that fails,
 on the dimensions at which the source itself runs grown one at a time (a dimension named alike on several
 inputs grows on all), then on the batch alone, and keeps the first that holds. The calibrated sizes are
-recorded in the file's metadata (``RECORDED_SHAPES``), where a validator takes them for a dimension it is given
-no size for.
+recorded in the file's metadata (``RECORDED_SHAPES``; the IR's runtime information), where a validator takes
+them for a dimension it is given no size for. The check runs the ONNX artifact in ONNX Runtime and the IR in
+OpenVINO (FP32 on the CPU), each against the source run in ONNX Runtime.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -36,8 +39,9 @@ SCALE_TOLERANCE = 0.05  # and its norm may stray this much further from the sour
 
 @dataclass(frozen=True)
 class Reopened:
-    """Which dynamic dimensions the ONNX artifact declares again, and the check that allowed it."""
+    """Which dynamic dimensions an artifact declares again, and the check that allowed it."""
 
+    artifact: str  # "ONNX artifact", "OpenVINO IR"
     opened: list[str]  # "x[0]", ...: dynamic in the artifact as in the source
     fixed: list[str]  # "x[3] = 320", ...: the source's dynamic dimensions the artifact keeps fixed
     probe_shapes: dict[str, list[int]]  # the sizes the opened artifact was checked at
@@ -54,30 +58,31 @@ class Reopened:
     def note(self) -> str:
         parts = []
         if self.opened:
-            parts.append(f"dynamic input dimensions kept dynamic in the ONNX artifact: {', '.join(self.opened)} "
+            parts.append(f"dynamic input dimensions kept dynamic in the {self.artifact}: {', '.join(self.opened)} "
                          f"(checked at {_sizes(self.probe_shapes)}: worst output's cosine to the source "
                          f"{self.cosine:.4f}, {self.calibrated_cosine:.4f} at the calibrated sizes, on "
                          f"{self.samples} calibration sample(s); a check that the graph holds no calibrated size, "
                          f"not the quality gate, which judged the calibrated sizes)")
         if self.fixed:
             parts.append(("" if self.opened else "dynamic input dimensions ")
-                         + f"fixed in the ONNX artifact, which runs at these sizes only: {', '.join(self.fixed)} "
+                         + f"fixed in the {self.artifact}, which runs at these sizes only: {', '.join(self.fixed)} "
                          f"({self.reason})")
         return "; ".join(parts)
 
 
-def reopen_onnx(artifact, source, declared: list[TensorSpec], samples: list[dict[str, np.ndarray]],
-                source_feeds: dict[str, np.ndarray] | None = None):
-    """``artifact`` (an ``onnx.ModelProto`` at the calibrated sizes) with the dynamic dimensions of
-    ``declared`` (the source's inputs) declared again where it still matches ``source`` (the ONNX file's path,
-    or a ``ModelProto``: a PyTorch model's FP32 export) on the first ``SAMPLES`` of ``samples`` grown along them;
-    returns ``(model, Reopened)``, or ``(artifact, None)`` when the source declares no dynamic dimension.
-    ``source_feeds``: inputs the source has and the artifact does not (pinned rank-0 values)."""
+def reopen(artifact, source, declared: list[TensorSpec], samples: list[dict[str, np.ndarray]],
+           source_feeds: dict[str, np.ndarray] | None = None):
+    """``artifact`` (an ``onnx.ModelProto`` or ``openvino.Model`` at the calibrated sizes) with the dynamic
+    dimensions of ``declared`` (the source's inputs) declared again where it still matches ``source`` (the ONNX
+    file's path, or a ``ModelProto``: a PyTorch model's FP32 export) on the first ``SAMPLES`` of ``samples``
+    grown along them; returns ``(model, Reopened)``, or ``(artifact, None)`` when the source declares no dynamic
+    dimension. ``source_feeds``: inputs the source has and the artifact does not (pinned rank-0 values)."""
     import onnx
 
+    kind = _ONNX if isinstance(artifact, onnx.ModelProto) else _OPENVINO
     samples = samples[:SAMPLES]
     sample = samples[0]  # the sizes, and the structural probes of the source
-    dynamic = dynamic_dims(declared, {value.name for value in artifact.graph.input} & set(sample))
+    dynamic = dynamic_dims(declared, set(kind.input_names(artifact)) & set(sample))
     if not dynamic:
         return artifact, None
     if isinstance(source, onnx.ModelProto):
@@ -90,7 +95,7 @@ def reopen_onnx(artifact, source, declared: list[TensorSpec], samples: list[dict
         reference = _session(runnable)
         calibrated = [_run(reference, {**s, **extra}) for s in samples]
     except Exception as exc:  # the file as it is, unpinned and at dimensions declared 0: not every one runs
-        return artifact, Reopened([], _fixed(dynamic, {}, sample), {}, None, None, len(samples),
+        return artifact, Reopened(kind.label, [], _fixed(dynamic, {}, sample), {}, None, None, len(samples),
                                   f"ONNX Runtime does not run {what} as it is ({_line(exc)})")
     failures = []
 
@@ -104,7 +109,7 @@ def reopen_onnx(artifact, source, declared: list[TensorSpec], samples: list[dict
             return False
 
     for axes in _attempts(dynamic, batch, _groups(source_model, dynamic), source_runs):
-        model = _declared(artifact, source_model, axes, sample)
+        model = kind.declare(artifact, source_model, axes, sample)
         grown = [_probe(samples, index, axes, batch) for index in range(len(samples))]
         shapes = _shapes(grown[0], axes)
         try:
@@ -113,9 +118,9 @@ def reopen_onnx(artifact, source, declared: list[TensorSpec], samples: list[dict
             failures.append(f"the source does not run at {_sizes(shapes)} ({_line(exc)})")
             continue
         try:
-            session = _session(model.SerializeToString())
-            at_calibrated = _agreement([_run(session, s) for s in samples], calibrated)
-            got = [_run(session, probe) for probe in grown]
+            run = kind.runner(model)
+            at_calibrated = _agreement([run(s) for s in samples], calibrated)
+            got = [run(probe) for probe in grown]
         except Exception as exc:
             failures.append(f"the artifact does not run at {_sizes(shapes)} ({_line(exc)})")
             continue
@@ -133,9 +138,10 @@ def reopen_onnx(artifact, source, declared: list[TensorSpec], samples: list[dict
                             f"{at_calibrated.scale_error:.1%} at the calibrated sizes")
             continue
         fixed = _fixed(dynamic, axes, sample)
-        return model, Reopened(_names(axes), fixed, shapes, round(at_probe.cosine, 6),
+        return model, Reopened(kind.label, _names(axes), fixed, shapes, round(at_probe.cosine, 6),
                                round(at_calibrated.cosine, 6), len(samples), "; ".join(failures) if fixed else "")
-    return artifact, Reopened([], _fixed(dynamic, {}, sample), {}, None, None, len(samples), "; ".join(failures))
+    return artifact, Reopened(kind.label, [], _fixed(dynamic, {}, sample), {}, None, None, len(samples),
+                              "; ".join(failures))
 
 
 def _attempts(dynamic: dict[str, list[int]], batch: dict[str, list[int]], groups: list[dict[str, list[int]]],
@@ -192,7 +198,7 @@ def _shapes(probe: dict[str, np.ndarray], axes: dict[str, list[int]]) -> dict[st
     return {name: list(value.shape) for name, value in probe.items() if name in axes}
 
 
-def _declared(artifact, source, axes: dict[str, list[int]], sample: dict[str, np.ndarray]):
+def _declared_onnx(artifact, source, axes: dict[str, list[int]], sample: dict[str, np.ndarray]):
     """A copy of ``artifact`` whose inputs take the source's dimensions on ``axes``, whose outputs take the
     source's declared shapes, with no inferred intermediate shapes, and the calibrated sizes in its metadata."""
     import onnx
@@ -217,9 +223,56 @@ def _declared(artifact, source, axes: dict[str, list[int]], sample: dict[str, np
     recorded = [prop for prop in model.metadata_props if prop.key == RECORDED_SHAPES]
     for prop in recorded:
         model.metadata_props.remove(prop)
-    shapes = {name: list(sample[name].shape) for name in axes}
-    model.metadata_props.add(key=RECORDED_SHAPES, value=jsonio.dumps(shapes, sort_keys=True))
+    model.metadata_props.add(key=RECORDED_SHAPES, value=_recorded(axes, sample))
     return model
+
+
+def _declared_openvino(artifact, source, axes: dict[str, list[int]], sample: dict[str, np.ndarray]):
+    """A copy of ``artifact`` whose inputs are dynamic on ``axes``, with the calibrated sizes in its runtime
+    information where an ONNX file's metadata sits (``device.runtime.OpenVINOSession`` reads them there)."""
+    import openvino as ov
+
+    model = artifact.clone()
+    model.reshape({port: ov.PartialShape([-1 if axis in axes[port.get_any_name()] else size
+                                          for axis, size in enumerate(port.get_shape())])
+                   for port in model.inputs if port.get_any_name() in axes})
+    model.set_rt_info(_recorded(axes, sample), ["framework", RECORDED_SHAPES])
+    return model
+
+
+def _recorded(axes: dict[str, list[int]], sample: dict[str, np.ndarray]) -> str:
+    return jsonio.dumps({name: list(sample[name].shape) for name in axes}, sort_keys=True)
+
+
+def _onnx_runner(model) -> Callable[[dict[str, np.ndarray]], list[np.ndarray]]:
+    session = _session(model.SerializeToString())
+    return lambda feeds: _run(session, feeds)
+
+
+def _openvino_runner(model) -> Callable[[dict[str, np.ndarray]], list[np.ndarray]]:
+    """The model compiled for the CPU in FP32 on 2 threads: the check compares graphs, not precisions."""
+    import openvino as ov
+
+    compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 2})
+    wanted = {port.get_any_name() for port in model.inputs}
+    return lambda feeds: [np.asarray(value) for value in compiled(
+        {name: value for name, value in feeds.items() if name in wanted}).values()]
+
+
+@dataclass(frozen=True)
+class _Kind:
+    """What the check needs of one artifact format."""
+
+    label: str
+    input_names: Callable[[Any], list[str]]
+    declare: Callable[..., Any]  # (artifact, source ONNX model, axes, calibrated sample) -> a declared copy
+    runner: Callable[[Any], Callable[[dict[str, np.ndarray]], list[np.ndarray]]]
+
+
+_ONNX = _Kind("ONNX artifact", lambda model: [value.name for value in model.graph.input], _declared_onnx,
+              _onnx_runner)
+_OPENVINO = _Kind("OpenVINO IR", lambda model: [port.get_any_name() for port in model.inputs], _declared_openvino,
+                  _openvino_runner)
 
 
 def _session(model):

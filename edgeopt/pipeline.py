@@ -18,7 +18,7 @@ from edgeopt.device.golden import GoldenResult, GoldenSet, load_golden
 from edgeopt.device.host import host_info
 from edgeopt.device.runtime import SESSIONS, RuntimeSettings
 from edgeopt.device.validate import ValidationReport
-from edgeopt.dynamic_axes import Reopened, reopen_onnx
+from edgeopt.dynamic_axes import Reopened, reopen
 from edgeopt.errors import BadInputError
 from edgeopt.evaluate import (
     EVAL_SETTINGS,
@@ -234,7 +234,7 @@ def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target
         working, baseline, fp32_ir_bytes, fp32_weights = _run_recipe(source, recipe, ctx, formats, timer,
                                                                      observe=recorder)
         with timer("dynamic axes"):
-            reopened = _reopen_dynamic_axes(working, loaded, pinned, calib)
+            reopened = _reopen_dynamic_axes(working, loaded, pinned, calib, formats)
         out = Path(out)
         with atomic.atomic_dir(out) as tmp:
             with timer("save"):
@@ -254,9 +254,9 @@ def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target
                 result.notes.insert(0, pinned.note())
             if left_out:
                 result.notes.insert(0, left_out)
-            if reopened is not None:
-                result.decisions["dynamic_axes"] = reopened.describe()
-            result.notes.extend(_fixed_dims_notes(source.fixed_dims(), reopened, formats))
+            if reopened:
+                result.decisions["dynamic_axes"] = {name: check.describe() for name, check in reopened.items()}
+            result.notes.extend(_fixed_dims_notes(source.fixed_dims(), reopened))
             with timer("vs fp32"):
                 result.vs_fp32 = compare_with_fp32(artifacts, baseline.graphs.get("openvino"),
                                                    baseline.graphs.get("onnx"),
@@ -280,35 +280,36 @@ def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target
             recorder.close()
 
 
-def _reopen_dynamic_axes(working: WorkingModel, source: SourceModel, pinned, calib: SampleSet) -> Reopened | None:
-    """The source's dynamic input dimensions declared again in the ONNX graph where it still computes the
-    source's result at other sizes (``edgeopt.dynamic_axes``), checked against the source file or, for a
-    PyTorch model, its FP32 export with those dimensions dynamic; None when there is no ONNX graph or no dynamic
-    dimension."""
-    if "onnx" not in working.graphs or source.kind == "openvino" or not source.dynamic_axes():
-        return None
+def _reopen_dynamic_axes(working: WorkingModel, source: SourceModel, pinned, calib: SampleSet,
+                         formats: tuple[str, ...]) -> dict[str, Reopened]:
+    """Format name -> the source's dynamic input dimensions declared again in that artifact where it still
+    computes the source's result at other sizes (``edgeopt.dynamic_axes``), checked against the source file or,
+    for a PyTorch model, its FP32 export with those dimensions dynamic; empty for an OpenVINO IR source (no ONNX
+    file to check against) or one without dynamic dimensions."""
+    if source.kind == "openvino" or not source.dynamic_axes():
+        return {}
     pinned_feeds = {}
     if pinned is not None:
         dtypes = {spec.name: spec.dtype for spec in source.inputs}
         pinned_feeds = {name: np.asarray(value, dtypes[name]) for name, value in pinned.values.items()}
     reference = source.path if source.kind == "onnx" else to_onnx(
         working.torch_module, source.example_input, source.input_names, source.output_names, source.dynamic_axes())
-    working.graphs["onnx"], reopened = reopen_onnx(working.graphs["onnx"], reference, source.declared_inputs,
-                                                   calib.samples, pinned_feeds)
+    reopened = {}
+    for name in formats:
+        working.graphs[name], check = reopen(working.graphs[name], reference, source.declared_inputs, calib.samples,
+                                             pinned_feeds)
+        if check is not None:
+            reopened[name] = check
     return reopened
 
 
-def _fixed_dims_notes(fixed: list[str], reopened: Reopened | None, formats: tuple[str, ...]) -> list[str]:
+def _fixed_dims_notes(fixed: list[str], reopened: dict[str, Reopened]) -> list[str]:
     """What the notes say about the source's dynamic input dimensions, per artifact."""
     if not fixed:
         return []
-    if reopened is None:
+    if not reopened:
         return ["dynamic input dimensions fixed in the artifacts, which run at these sizes only: " + ", ".join(fixed)]
-    notes = [reopened.note()]
-    if "openvino" in formats:
-        notes.append("dynamic input dimensions fixed in the OpenVINO IR, which runs at these sizes only: "
-                     + ", ".join(fixed))
-    return notes
+    return [check.note() for check in reopened.values()]
 
 
 def with_metric(gate: QualityGate, recipe: Recipe, target: Target | None) -> QualityGate:

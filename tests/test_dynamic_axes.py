@@ -1,5 +1,6 @@
-"""The source file's dynamic input dimensions stay dynamic in the ONNX artifact where it still computes the
-source's result at other sizes (``edgeopt.dynamic_axes``), checked by running both at twice the size."""
+"""The source file's dynamic input dimensions stay dynamic in the ONNX artifact and the OpenVINO IR where each
+still computes the source's result at other sizes (``edgeopt.dynamic_axes``), checked by running both at twice
+the size."""
 
 import json
 
@@ -10,7 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from edgeopt.dynamic_axes import reopen_onnx
+from edgeopt.device.runtime import open_session
+from edgeopt.dynamic_axes import reopen
 from edgeopt.evaluate import sample_cosines
 from edgeopt.onnx_prep import normalise
 from edgeopt.source import load_model
@@ -59,33 +61,40 @@ def _dims(path) -> list:
     return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
 
 
-def test_int8_onnx_keeps_the_dynamic_dimensions_and_runs_at_other_sizes(cli, pooled, tmp_path):
+def test_int8_artifacts_keep_the_dynamic_dimensions_and_run_at_other_sizes(cli, pooled, tmp_path):
+    import openvino as ov
+
     model, calib = pooled
     out = tmp_path / "out"
     result = cli("compress", model, "--calib", calib, "--input-shape", "x=1,3,16,16", "--out", out, "--quiet")
     assert result.exit_code == 0, result.output
     assert _dims(out / "model.onnx") == ["batch", 3, "height", "width"]  # the source's own names
+    ir = ov.Core().read_model(str(out / "model.xml"))
+    assert ir.inputs[0].get_partial_shape().to_string() == "[?,3,?,?]"
+    assert json.loads(ir.get_rt_info(["framework", "edgeopt.input_shapes"]).astype(str)) == {"x": [1, 3, 16, 16]}
     report = json.loads((out / "report.json").read_text())
-    decided = report["decisions"]["dynamic_axes"]
-    assert decided["opened"] == ["x[0]", "x[2]", "x[3]"] and decided["fixed"] == []
-    assert decided["probe_shapes"] == {"x": [2, 3, 32, 32]}
-    assert decided["cosine"] >= decided["calibrated_cosine"] - 0.02 and decided["samples"] == 3
-    assert any(note.startswith("dynamic input dimensions kept dynamic in the ONNX artifact: x[0], x[2], x[3]")
-               for note in report["notes"])
-    assert ("dynamic input dimensions fixed in the OpenVINO IR, which runs at these sizes only: x[0] = 1, "
-            "x[2] = 16, x[3] = 16") in report["notes"]
-    # at a size neither edgeopt's check nor calibration used, the INT8 file still tracks the source
+    assert set(report["decisions"]["dynamic_axes"]) == {"onnx", "openvino"}
+    for fmt, label in (("onnx", "ONNX artifact"), ("openvino", "OpenVINO IR")):
+        decided = report["decisions"]["dynamic_axes"][fmt]
+        assert decided["opened"] == ["x[0]", "x[2]", "x[3]"] and decided["fixed"] == []
+        assert decided["probe_shapes"] == {"x": [2, 3, 32, 32]}
+        assert decided["cosine"] >= decided["calibrated_cosine"] - 0.02 and decided["samples"] == 3
+        assert any(note.startswith(f"dynamic input dimensions kept dynamic in the {label}: x[0], x[2], x[3]")
+                   for note in report["notes"])
+    # at a size neither edgeopt's check nor calibration used, the INT8 files still track the source
     x = np.random.default_rng(1).random((3, 3, 24, 40), dtype=np.float32)
-    got, = _session(out / "model.onnx").run(None, {"x": x})
     want, = _session(model).run(None, {"x": x})
+    got, = _session(out / "model.onnx").run(None, {"x": x})
     assert got.shape == want.shape == (3, 4) and _cosine(got, want) > 0.98
+    got = ov.Core().compile_model(ir, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})({"x": x})[0]
+    assert got.shape == want.shape and _cosine(got, want) > 0.98
 
 
 def test_a_validator_takes_the_recorded_sizes_for_dynamic_dimensions(cli, pooled, tmp_path, profiles):
     model, calib = pooled
     out = tmp_path / "out"
-    assert cli("compress", model, "--calib", calib, "--input-shape", "x=1,3,16,16", "--format", "onnx",
-               "--out", out, "--quiet").exit_code == 0
+    assert cli("compress", model, "--calib", calib, "--input-shape", "x=1,3,16,16", "--out", out,
+               "--quiet").exit_code == 0
     meta = {p.key: p.value for p in onnx.load(str(out / "model.onnx")).metadata_props}
     assert json.loads(meta["edgeopt.input_shapes"]) == {"x": [1, 3, 16, 16]}
     profiles("ort", 'extends = "generic-x86-avx2-2core"\n[budgets]\nmax_cv = 1e6\nmax_p99_over_p50 = 1e6\n'
@@ -103,17 +112,28 @@ def test_a_validator_takes_the_recorded_sizes_for_dynamic_dimensions(cli, pooled
     given = cli("validate", out / "model.onnx", "--target", "ort", "--runs", 5, "--warmup", 1, "--min-seconds", 0,
                 "--input-shape", "x=2,3,24,24", "--json", "-")  # a size given wins over the recorded one
     assert json.loads(given.stdout)["measured_with"]["input_shapes"] == {"x": [2, 3, 24, 24]}
+    for shape, expected in ((), [1, 3, 16, 16]), (("--input-shape", "x=2,3,24,24"), [2, 3, 24, 24]):
+        ir = cli("validate", out / "model.xml", "--target", "ov", "--runs", 5, "--warmup", 1, "--min-seconds", 0,
+                 *shape, "--json", "-")  # the dynamic IR, compiled static at the size it runs at
+        assert ir.exit_code == 0, ir.output
+        measured = json.loads(ir.stdout)["measured_with"]
+        assert measured["input_shapes"] == {"x": expected}
+        assert measured["settings_effective"]["compiled_at"] == {"x": expected}, measured
+    session = open_session(out / "model.xml")  # compiled at the recorded sizes; again for another size fed
+    assert session.compiled_shapes == {"x": [1, 3, 16, 16]} and session.inputs[0].shape == (None, 3, None, None)
+    assert session.infer({"x": np.zeros((2, 3, 24, 32), np.float32)})[0].shape == (2, 4)
+    assert session.compiled_shapes == {"x": [2, 3, 24, 32]}
 
 
 def test_the_optimiser_folds_no_size_the_source_leaves_dynamic(pooled):
     """ONNX Runtime's basic optimiser, given the fixed sizes, folds ``view(size(0), -1)`` into a Reshape to batch
-    1: that graph cannot run at batch 2, and ``reopen_onnx`` says so and keeps the dimensions fixed. Told which
+    1: that graph cannot run at batch 2, and ``reopen`` says so and keeps the dimensions fixed. Told which
     axes the source leaves dynamic, the optimiser keeps the Shape sub-graph and the graph runs at any size."""
     model, _ = pooled
     source = load_model(model, {"x": (1, 3, 16, 16)})
     sample = {"x": np.random.default_rng(2).random((1, 3, 16, 16), dtype=np.float32)}
     folded = normalise(source.onnx_model(), feeds=sample).model
-    kept, reopened = reopen_onnx(folded, model, source.declared_inputs, [sample])
+    kept, reopened = reopen(folded, model, source.declared_inputs, [sample])
     assert kept is folded and reopened.opened == []
     assert reopened.fixed == ["x[0] = 1", "x[2] = 16", "x[3] = 16"]
     assert "the artifact does not run at x=2,3,32,32" in reopened.reason
@@ -121,7 +141,7 @@ def test_the_optimiser_folds_no_size_the_source_leaves_dynamic(pooled):
 
     dynamic = normalise(source.onnx_model(), feeds=sample, dynamic={"x": [0, 2, 3]}).model
     assert [d.dim_value for d in dynamic.graph.input[0].type.tensor_type.shape.dim] == [1, 3, 16, 16]
-    opened, reopened = reopen_onnx(dynamic, model, source.declared_inputs, [sample])
+    opened, reopened = reopen(dynamic, model, source.declared_inputs, [sample])
     assert reopened.opened == ["x[0]", "x[2]", "x[3]"] and reopened.fixed == []
     assert reopened.cosine == pytest.approx(1.0, abs=1e-5)  # FP32 against FP32
     x = np.random.default_rng(3).random((2, 3, 20, 28), dtype=np.float32)
@@ -140,9 +160,9 @@ def test_only_the_batch_opens_where_the_source_runs_at_one_image_size(cli, tmp_p
     out = tmp_path / "out"
     result = cli("compress", model, "--calib", tiny_calib, "--out", out, "--input-shape", "input=1,1,8,8", "--quiet")
     assert result.exit_code == 0, result.output
-    decided = json.loads((out / "report.json").read_text())["decisions"]["dynamic_axes"]
-    assert decided["opened"] == ["input[0]"] and decided["fixed"] == ["input[3] = 8"]
-    assert decided["probe_shapes"] == {"input": [2, 1, 8, 8]}
+    for decided in json.loads((out / "report.json").read_text())["decisions"]["dynamic_axes"].values():
+        assert decided["opened"] == ["input[0]"] and decided["fixed"] == ["input[3] = 8"]
+        assert decided["probe_shapes"] == {"input": [2, 1, 8, 8]}
     assert _dims(out / "model.onnx") == ["batch", 1, 8, 8]
     x = np.random.default_rng(4).random((5, 1, 8, 8), dtype=np.float32)
     got, = _session(out / "model.onnx").run(None, {"input": x})
@@ -171,7 +191,7 @@ def test_the_dimensions_the_source_runs_at_open_and_the_others_stay_fixed_with_w
     source = load_model(model, {"x": (1, 3, 16, 24)})
     sample = {"x": np.random.default_rng(5).random((1, 3, 16, 24), dtype=np.float32)}
     graph = normalise(source.onnx_model(), feeds=sample, dynamic={"x": [0, 2, 3]}).model
-    opened, reopened = reopen_onnx(graph, model, source.declared_inputs, [sample])
+    opened, reopened = reopen(graph, model, source.declared_inputs, [sample])
     assert reopened.opened == ["x[0]", "x[3]"] and reopened.fixed == ["x[2] = 16"]
     assert reopened.probe_shapes == {"x": [2, 3, 16, 48]}
     assert reopened.reason.startswith("the source does not run at x=2,3,32,48")  # all of them first
@@ -219,7 +239,7 @@ def test_a_size_folded_into_a_scale_keeps_the_dimension_fixed(tmp_path):
     _, folded = _mean_graphs(tmp_path)
     declared = load_model(tmp_path / "mean.onnx", {"x": (1, 16)}).declared_inputs
     samples = [{"x": np.random.default_rng(i).random((1, 16), dtype=np.float32) + 0.5} for i in range(3)]
-    kept, reopened = reopen_onnx(folded, tmp_path / "mean.onnx", declared, samples)
+    kept, reopened = reopen(folded, tmp_path / "mean.onnx", declared, samples)
     assert reopened.opened == ["x[0]"] and reopened.fixed == ["x[1] = 16"]  # the batch alone is fine
     assert reopened.reason == "at x=2,32 an output's norm is 100.0% off the source's, 0.0% at the calibrated sizes"
     assert reopened.cosine == pytest.approx(1.0)  # which cosine alone could not tell
@@ -230,7 +250,7 @@ def test_a_source_onnx_runtime_cannot_run_as_given_keeps_every_dimension_fixed(t
     declared = load_model(tmp_path / "mean.onnx", {"x": (1, 16)}).declared_inputs
     strict = _graph(tmp_path / "strict.onnx", [onnx.helper.make_node("Relu", ["x"], ["y"])], {"x": ["n", 8]}, "y", 2)  # declares a width of 8: ONNX Runtime refuses the 16-wide sample
     assert strict is not None
-    kept, reopened = reopen_onnx(folded, tmp_path / "strict.onnx", declared, [{"x": np.ones((1, 16), np.float32)}])
+    kept, reopened = reopen(folded, tmp_path / "strict.onnx", declared, [{"x": np.ones((1, 16), np.float32)}])
     assert kept is folded and reopened.opened == [] and reopened.fixed == ["x[0] = 1", "x[1] = 16"]
     assert reopened.reason.startswith("ONNX Runtime does not run the source file as it is (")
 
@@ -244,7 +264,7 @@ def test_an_input_the_artifact_lacks_is_neither_opened_nor_recorded(tmp_path):
     declared = load_model(source, {"x": (1, 4), "u": (1, 4)}).declared_inputs
     samples = [{"x": np.random.default_rng(i).standard_normal((1, 4)).astype(np.float32),
                 "u": np.zeros((1, 4), np.float32)} for i in range(3)]
-    opened, reopened = reopen_onnx(artifact, source, declared, samples)
+    opened, reopened = reopen(artifact, source, declared, samples)
     assert reopened.opened == ["x[0]"]
     meta = {p.key: p.value for p in opened.metadata_props}
     assert json.loads(meta["edgeopt.input_shapes"]) == {"x": [1, 4]}

@@ -28,7 +28,7 @@ def run(request: dict) -> dict:
     version = runtime_version(settings.runtime)  # imports the runtime before the baseline RSS is read
     rss_before = _status_kib("VmRSS")
     start = time.perf_counter()
-    session = open_session(request["model"], settings)
+    session = open_session(request["model"], settings, request.get("input_shapes"))
     load_ms = (time.perf_counter() - start) * 1000
     feeds, shapes = _feeds(session.inputs, {**session.recorded_shapes, **(request.get("input_shapes") or {})})
     timings = time_inferences(session, feeds, request["runs"], request["warmup"], request["min_seconds"])

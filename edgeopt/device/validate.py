@@ -22,7 +22,7 @@ from edgeopt.device.stats import LatencyStats, latency_stats
 from edgeopt.errors import BadInputError
 
 MB = 1_000_000  # budgets and reports use decimal megabytes
-SCHEMA_VERSION = "1.2"  # of every JSON report edgeopt writes (docs/report.schema.json); major bumps break readers
+SCHEMA_VERSION = "1.3"  # of every JSON report edgeopt writes (docs/report.schema.json); major bumps break readers
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,9 @@ class ValidationReport:
                 f"{self.settings.runtime} {self.runtime_version}, threads={eff.get('threads')}, "
                 f"streams={eff.get('streams')}, hint={eff.get('performance_hint')}, "
                 f"inference precision={eff.get('inference_precision')}")
+        if eff.get("compiled_at"):
+            text += "; dynamic inputs compiled static at " + ", ".join(
+                f"{name}={','.join(map(str, shape))}" for name, shape in eff["compiled_at"].items())
         if not where:
             return text
         return f"{text}; {self.emulation_note or 'on this host (' + self.host['cpu_model'] + ')'}"
