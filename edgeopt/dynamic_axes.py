@@ -86,13 +86,13 @@ def reopen(artifact, source, declared: list[TensorSpec], samples: list[dict[str,
     if not dynamic:
         return artifact, None
     if isinstance(source, onnx.ModelProto):
-        source_model, runnable, what = source, source.SerializeToString(), "the source's FP32 export"
+        source_model, what = source, "the source's FP32 export"
     else:
-        source_model, runnable, what = onnx.load(str(source), load_external_data=False), str(source), "the source file"
+        source_model, what = onnx.load(str(source), load_external_data=False), "the source file"
     batch = {spec.name: [spec.batch_dim] for spec in declared if spec.batch_dim in dynamic.get(spec.name, [])}
     extra = source_feeds or {}
-    try:
-        reference = _session(runnable)
+    try:  # (a model over 2 GB cannot be serialised: protobuf's limit)
+        reference = _session(source.SerializeToString() if isinstance(source, onnx.ModelProto) else str(source))
         calibrated = [_run(reference, {**s, **extra}) for s in samples]
     except Exception as exc:  # the file as it is, unpinned and at dimensions declared 0: not every one runs
         return artifact, Reopened(kind.label, [], _fixed(dynamic, {}, sample), {}, None, None, len(samples),

@@ -234,7 +234,7 @@ def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target
         working, baseline, fp32_ir_bytes, fp32_weights = _run_recipe(source, recipe, ctx, formats, timer,
                                                                      observe=recorder)
         with timer("dynamic axes"):
-            reopened = _reopen_dynamic_axes(working, loaded, pinned, calib, formats)
+            reopened, unchecked = _reopen_dynamic_axes(working, loaded, pinned, calib, formats)
         out = Path(out)
         with atomic.atomic_dir(out) as tmp:
             with timer("save"):
@@ -256,7 +256,7 @@ def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target
                 result.notes.insert(0, left_out)
             if reopened:
                 result.decisions["dynamic_axes"] = {name: check.describe() for name, check in reopened.items()}
-            result.notes.extend(_fixed_dims_notes(source.fixed_dims(), reopened))
+            result.notes.extend(_fixed_dims_notes(source.fixed_dims(), reopened, unchecked))
             with timer("vs fp32"):
                 result.vs_fp32 = compare_with_fp32(artifacts, baseline.graphs.get("openvino"),
                                                    baseline.graphs.get("onnx"),
@@ -281,34 +281,40 @@ def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target
 
 
 def _reopen_dynamic_axes(working: WorkingModel, source: SourceModel, pinned, calib: SampleSet,
-                         formats: tuple[str, ...]) -> dict[str, Reopened]:
+                         formats: tuple[str, ...]) -> tuple[dict[str, Reopened], str]:
     """Format name -> the source's dynamic input dimensions declared again in that artifact where it still
     computes the source's result at other sizes (``edgeopt.dynamic_axes``), checked against the source file or,
-    for a PyTorch model, its FP32 export with those dimensions dynamic; empty for an OpenVINO IR source (no ONNX
-    file to check against) or one without dynamic dimensions."""
-    if source.kind == "openvino" or not source.dynamic_axes():
-        return {}
+    for a PyTorch model, its FP32 export with those dimensions dynamic; and why none was checked (or "")."""
+    if not source.dynamic_axes():
+        return {}, ""
+    if source.kind == "openvino":
+        return {}, "an OpenVINO IR source: edgeopt checks other sizes against the source run in ONNX Runtime"
     pinned_feeds = {}
     if pinned is not None:
         dtypes = {spec.name: spec.dtype for spec in source.inputs}
         pinned_feeds = {name: np.asarray(value, dtypes[name]) for name, value in pinned.values.items()}
-    reference = source.path if source.kind == "onnx" else to_onnx(
-        working.torch_module, source.example_input, source.input_names, source.output_names, source.dynamic_axes())
+    try:
+        reference = source.path if source.kind == "onnx" else to_onnx(
+            working.torch_module, source.example_input, source.input_names, source.output_names,
+            source.dynamic_axes())
+    except BadInputError as exc:  # the export the check runs as the source; the artifacts do not need it
+        return {}, f"no FP32 ONNX export of the model to check other sizes against: {exc}"
     reopened = {}
     for name in formats:
         working.graphs[name], check = reopen(working.graphs[name], reference, source.declared_inputs, calib.samples,
                                              pinned_feeds)
         if check is not None:
             reopened[name] = check
-    return reopened
+    return reopened, ""
 
 
-def _fixed_dims_notes(fixed: list[str], reopened: dict[str, Reopened]) -> list[str]:
+def _fixed_dims_notes(fixed: list[str], reopened: dict[str, Reopened], why: str) -> list[str]:
     """What the notes say about the source's dynamic input dimensions, per artifact."""
     if not fixed:
         return []
     if not reopened:
-        return ["dynamic input dimensions fixed in the artifacts, which run at these sizes only: " + ", ".join(fixed)]
+        return ["dynamic input dimensions fixed in the artifacts, which run at these sizes only: " + ", ".join(fixed)
+                + (f" ({why})" if why else "")]
     return [check.note() for check in reopened.values()]
 
 

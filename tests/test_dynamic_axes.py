@@ -268,3 +268,59 @@ def test_an_input_the_artifact_lacks_is_neither_opened_nor_recorded(tmp_path):
     assert reopened.opened == ["x[0]"]
     meta = {p.key: p.value for p in opened.metadata_props}
     assert json.loads(meta["edgeopt.input_shapes"]) == {"x": [1, 4]}
+
+
+def test_validate_refuses_sizes_it_cannot_run_at_in_one_line(cli, tmp_path, profiles):
+    """Sizes given for an input the model lacks, or for one input of two that must agree (the other at its
+    recorded size), are bad input (exit 2, one line) in either runtime, not an internal error."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Concat", ["x", "y"], ["z"], axis=1)], "joined",
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", 4]) for name in ("x", "y")],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", 8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.metadata_props.add(key="edgeopt.input_shapes", value=json.dumps({"x": [1, 4], "y": [1, 4]}))
+    path = tmp_path / "joined.onnx"
+    onnx.save(model, str(path))
+    budgets = '[budgets]\nmax_cv = 1e6\nmax_p99_over_p50 = 1e6\np50_ms = 1e4\np95_ms = 1e4\np99_ms = 1e4\n'
+    profiles("ort", f'extends = "generic-x86-avx2-2core"\n{budgets}[runtime]\nname = "onnxruntime"\n')
+    profiles("ov", f'extends = "generic-x86-avx2-2core"\n{budgets}')
+    validate = ("validate", path, "--runs", 3, "--warmup", 1, "--min-seconds", 0)
+    ok = cli(*validate, "--target", "ort", "--input-shape", "x=3,4", "--input-shape", "y=3,4", "--json", "-")
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(ok.stdout)["measured_with"]["batch"] == 3
+    for target in ("ort", "ov"):
+        unknown = cli(*validate, "--target", target, "--input-shape", "w=1,4")
+        assert unknown.exit_code == 2 and "unknown input(s) w; the model's inputs are x, y" in unknown.output
+        partial = cli(*validate, "--target", target, "--input-shape", "x=3,4")
+        assert partial.exit_code == 2, partial.output
+        assert "x=3,4, y=1,4" in partial.output and "Traceback" not in partial.output
+        assert len(partial.output.strip().splitlines()) == 1, partial.output
+
+
+def test_an_openvino_ir_source_keeps_its_dimensions_fixed_and_says_why(cli, pooled, tmp_path):
+    import openvino as ov
+
+    model, calib = pooled
+    ir = tmp_path / "pooled.xml"
+    ov.save_model(ov.convert_model(str(model)), str(ir))  # x: [?, 3, ?, ?]
+    out = tmp_path / "out"
+    result = cli("compress", ir, "--calib", calib, "--input-shape", "x=1,3,16,16", "--out", out, "--quiet")
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert "dynamic_axes" not in report["decisions"]
+    assert ("dynamic input dimensions fixed in the artifacts, which run at these sizes only: x[0] = 1, x[2] = 16, "
+            "x[3] = 16 (an OpenVINO IR source: ") in " ".join(report["notes"])
+
+
+def test_an_openvino_session_compiles_again_after_a_feed_that_does_not_fit(cli, pooled, tmp_path):
+    model, calib = pooled
+    out = tmp_path / "out"
+    assert cli("compress", model, "--calib", calib, "--input-shape", "x=1,3,16,16", "--format", "openvino",
+               "--out", out, "--quiet").exit_code == 0
+    session = open_session(out / "model.xml")
+    with pytest.raises(Exception):
+        session.infer({"x": np.zeros((1, 4, 16, 16), np.float32)})  # 4 channels: the runtime refuses
+    assert session.infer({"x": np.zeros((2, 3, 24, 24), np.float32)})[0].shape == (2, 4)
+    assert session.compiled_shapes == {"x": [2, 3, 24, 24]}

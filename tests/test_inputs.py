@@ -291,3 +291,22 @@ def test_task_needs_a_folder_and_a_known_task(hf_folder, tiny_onnx):
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_an_ir_of_a_folder_whose_onnx_export_fails_is_written_with_its_sizes_fixed(tmp_path, hf_folder, cli,
+                                                                                    monkeypatch):
+    """The FP32 ONNX export is what the dynamic-dimension check runs as the source; an IR-only run where torch
+    cannot export it still writes the IR, at the calibrated sizes, and says why."""
+    import edgeopt.pipeline
+
+    def refuse(*args, **kwargs):
+        raise BadInputError("torch cannot export the model to ONNX (planted)")
+
+    monkeypatch.setattr(edgeopt.pipeline, "to_onnx", refuse)
+    out = tmp_path / "out"
+    result = cli("compress", hf_folder, "--task", "feature-extraction", "--calib", _texts(tmp_path / "c.txt", 0, 8),
+                 "--input-shape", "input_ids=1,16", "--format", "openvino", "--out", out, "--quiet")
+    assert result.exit_code == 0, result.output
+    notes = " ".join(json.loads((out / "report.json").read_text())["notes"])
+    assert ("fixed in the artifacts, which run at these sizes only: input_ids[0] = 1, input_ids[1] = 16" in notes
+            and "no FP32 ONNX export of the model to check other sizes against: torch cannot export" in notes)

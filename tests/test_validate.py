@@ -86,6 +86,11 @@ def test_cli_validate_passes_with_json_and_junit(cli, loose_profiles, tiny_ir, t
     assert result.exit_code == 0, result.output
     assert "PASS" in result.output and "FAIL" not in result.output and "emulated on" in result.output
     data = json.loads(json_path.read_text())
+    shown = {line.split("│")[1].split("(")[0].strip(): line.split("│")[-2].strip()
+             for line in result.output.splitlines() if line.count("│") >= 6}
+    for check in data["checks"]:  # the console's verdict is the report's: a host figure is EMULATED, never PASS
+        assert shown[check["name"]] == check["verdict"], (check, shown)
+    assert shown["p50_ms"] == "EMULATED"
     assert data["passed"] and data["target"] == "loose" and len(data["checks"]) == 7
     expected_threads = min(2, len(os.sched_getaffinity(0)))  # the profile's 2, capped to this host's CPUs
     assert data["measured_with"]["settings_effective"]["threads"] == str(expected_threads)

@@ -13,7 +13,7 @@ import resource
 import sys
 import time
 
-from edgeopt.errors import BadInputError
+from edgeopt.errors import BadInputError, first_line
 from edgeopt.jsonio import dumps
 
 
@@ -30,8 +30,19 @@ def run(request: dict) -> dict:
     start = time.perf_counter()
     session = open_session(request["model"], settings, request.get("input_shapes"))
     load_ms = (time.perf_counter() - start) * 1000
-    feeds, shapes = _feeds(session.inputs, {**session.recorded_shapes, **(request.get("input_shapes") or {})})
-    timings = time_inferences(session, feeds, request["runs"], request["warmup"], request["min_seconds"])
+    given = request.get("input_shapes") or {}
+    feeds, shapes = _feeds(session.inputs, session.recorded_shapes, given)
+    try:
+        timings = time_inferences(session, feeds, request["runs"], request["warmup"], request["min_seconds"])
+    except BadInputError:
+        raise
+    except Exception as exc:  # the runtime's own types; at sizes the user gave, the sizes are what is wrong
+        if not given:
+            raise
+        others = {name: shape for name, shape in shapes.items() if name not in given}
+        raise BadInputError(f"the model does not run at input shapes {_text(shapes)}"
+                            + (f" ({_text(others)} recorded by edgeopt, not given)" if others else "")
+                            + f": {first_line(exc, 200)}; give each input's shape with --input-shape") from exc
     peak = _status_kib("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {
         "runtime_version": version,
@@ -48,11 +59,16 @@ def run(request: dict) -> dict:
     }
 
 
-def _feeds(inputs, shapes: dict) -> tuple[dict, dict]:
-    """Random inputs; dynamic dimensions are filled from ``shapes`` (name -> list of ints: those given, over
-    those the file records)."""
+def _feeds(inputs, recorded: dict, given: dict) -> tuple[dict, dict]:
+    """Random inputs; dynamic dimensions are filled from the sizes ``given`` (name -> list of ints), over those
+    the file ``recorded``."""
     from edgeopt.device.runtime import TensorSpec, format_shape, random_feeds
 
+    unknown = sorted(set(given) - {spec.name for spec in inputs})
+    if unknown:
+        raise BadInputError(f"input shapes given for unknown input(s) {', '.join(unknown)}; the model's inputs are "
+                            f"{', '.join(spec.name for spec in inputs)}")
+    shapes = {**recorded, **given}
     concrete = []
     for spec in inputs:
         given = shapes.get(spec.name)
@@ -66,6 +82,10 @@ def _feeds(inputs, shapes: dict) -> tuple[dict, dict]:
                                 f"(--input-shape {spec.name}=..., or input_shapes in the target profile)")
         concrete.append(spec)
     return random_feeds(concrete), {spec.name: list(spec.shape) for spec in concrete}
+
+
+def _text(shapes: dict) -> str:
+    return ", ".join(f"{name}={','.join(map(str, shape))}" for name, shape in shapes.items())
 
 
 def _status_kib(field: str) -> int | None:

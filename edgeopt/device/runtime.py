@@ -157,31 +157,32 @@ class OpenVINOSession(Session):
         recorded = ["framework", RECORDED_SHAPES]  # an ONNX file's metadata, as OpenVINO's frontend keeps it
         self.recorded_shapes = (json.loads(model.get_rt_info(recorded).astype(str))
                                 if model.has_rt_info(recorded) else {})
-        self._model = model
-        self._compile(_static_sizes(self.inputs, {**self.recorded_shapes, **(shapes or {})}))
-        if not self.compiled_shapes:
-            self._model = None  # nothing to compile again for: let the read model go
+        self._model = model if any(None in spec.shape for spec in self.inputs) else None  # to compile again
+        self._compile(model, _static_sizes(self.inputs, {**self.recorded_shapes, **(shapes or {})}))
         self.compile_seconds = time.perf_counter() - start
 
-    def _compile(self, sizes: dict[str, list[int]]) -> None:
-        """Compile the model with its dynamic inputs reshaped to ``sizes`` (static, as a deployment at known
+    def _compile(self, model, sizes: dict[str, list[int]]) -> None:
+        """Compile ``model`` with its dynamic inputs reshaped to ``sizes`` (static, as a deployment at known
         sizes compiles it: a dynamic compile measured 1.2-1.4x slower); those without a size stay dynamic."""
-        if sizes:
-            self._model.reshape({port: sizes[port.get_any_name()] for port in self._model.inputs
-                                 if port.get_any_name() in sizes})
         try:
-            self._compiled = self._core.compile_model(self._model, self.settings.device, self._config)
-        except RuntimeError as exc:
-            raise BadInputError(f"{self._path}: OpenVINO cannot load this model ({first_line(exc)})") from exc
+            if sizes:
+                model.reshape({port: sizes[port.get_any_name()] for port in model.inputs
+                               if port.get_any_name() in sizes})
+            self._compiled = self._core.compile_model(model, self.settings.device, self._config)
+        except Exception as exc:  # OpenVINO raises its own exception types for a shape it cannot take
+            at = f" at input shapes {_sizes_text(sizes)}" if sizes else ""
+            raise BadInputError(f"{self._path}: OpenVINO cannot load this model{at} ({first_line(exc)})") from exc
         self.compiled_shapes = sizes
         self._request = self._compiled.create_infer_request()
 
     def _fit(self, feeds: dict[str, np.ndarray]) -> None:
-        """Compile again where the feeds give a dynamic input another size than it was compiled at."""
-        if self.compiled_shapes:
-            sizes = _static_sizes(self.inputs, {name: list(np.shape(value)) for name, value in feeds.items()})
-            if sizes != self.compiled_shapes:
-                self._compile(sizes)
+        """Compile again where the feeds give every dynamic input sizes it takes, other than those it was compiled
+        at (feeds that do not fit are left to the runtime to refuse)."""
+        if self._model is None:
+            return
+        sizes = _static_sizes(self.inputs, {name: list(np.shape(value)) for name, value in feeds.items()})
+        if len(sizes) == sum(None in spec.shape for spec in self.inputs) and sizes != self.compiled_shapes:
+            self._compile(self._model, sizes)
 
     def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         self._fit(feeds)
@@ -219,6 +220,10 @@ class OpenVINOSession(Session):
         if self.compiled_shapes:
             described["compiled_at"] = dict(self.compiled_shapes)  # the file's dynamic inputs, reshaped to these
         return described
+
+
+def _sizes_text(sizes: dict[str, list[int]]) -> str:
+    return ", ".join(f"{name}={','.join(map(str, shape))}" for name, shape in sizes.items())
 
 
 def _static_sizes(inputs: list[TensorSpec], sizes: dict[str, list[int]]) -> dict[str, list[int]]:

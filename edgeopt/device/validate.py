@@ -75,7 +75,8 @@ class ValidationReport:
     def measured_with(self, where: bool = True) -> str:
         """One line saying how the latency figures were measured (and, with ``where``, on what)."""
         eff = self.effective_settings
-        text = (f"{self.latency.runs} timed runs after {self.warmup} warm-up, batch 1, wall-clock of each synchronous "
+        text = (f"{self.latency.runs} timed runs after {self.warmup} warm-up, {_batch_text(self.input_shapes)}, "
+                f"wall-clock of each synchronous "
                 f"inference call from Python on inputs bound once; "
                 f"{self.settings.runtime} {self.runtime_version}, threads={eff.get('threads')}, "
                 f"streams={eff.get('streams')}, hint={eff.get('performance_hint')}, "
@@ -107,7 +108,8 @@ class ValidationReport:
             "measured_with": {
                 "summary": self.measured_with(),
                 "runs": self.latency.runs, "min_runs": self.runs, "warmup": self.warmup,
-                "min_seconds": self.min_seconds, "batch": 1, "input_shapes": self.input_shapes,
+                "min_seconds": self.min_seconds, "batch": leading_batch(self.input_shapes),
+                "input_shapes": self.input_shapes,
                 "settings_requested": self.settings.describe(), "settings_effective": self.effective_settings,
                 "runtime_version": self.runtime_version, "cpus": self.cpus, "kernels": self.kernels,
             },
@@ -197,6 +199,19 @@ def validate_artifact(model_path: str | Path, settings: RuntimeSettings, budgets
         runtime_latency=latency_stats(result["runtime_timings_ms"]) if result["runtime_timings_ms"] else None,
     )
     return replace(report, checks=check_budgets(budgets, report.measured()))
+
+
+def leading_batch(shapes: dict[str, list[int]]) -> int | None:
+    """The batch of one inference call: the first dimension, where every input of rank 1 or more has the same
+    one (1 for a model without such inputs); None where they differ (a state batched on another axis)."""
+    leading = {shape[0] for shape in shapes.values() if shape}
+    return leading.pop() if len(leading) == 1 else (1 if not leading else None)
+
+
+def _batch_text(shapes: dict[str, list[int]]) -> str:
+    batch = leading_batch(shapes)
+    sizes = ", ".join(f"{name}={','.join(map(str, shape))}" for name, shape in shapes.items())
+    return (f"batch {batch}" if batch is not None else "batch as the shapes say") + (f" ({sizes})" if sizes else "")
 
 
 class ProbeFailed(RuntimeError):

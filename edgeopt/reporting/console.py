@@ -166,6 +166,10 @@ def _count(value: int | None) -> str:
     return f"{value / 1e6:.2f}M" if value >= 1e6 else f"{value / 1e3:.1f}K" if value >= 1e3 else str(value)
 
 
+_VERDICT_STYLES = {"PASS": "[green]{}[/green]", "FAIL": "[bold red]{}[/bold red]", "EMULATED": "[yellow]{}[/yellow]",
+                   "FAIL (emulated)": "[red]{}[/red]", "UNRELIABLE": "[yellow]{}[/yellow]"}
+
+
 def print_validation(report) -> None:
     """The budget table (budget, measured, margin, PASS/FAIL) and how the figures were measured."""
     out = console()
@@ -176,7 +180,7 @@ def print_validation(report) -> None:
     for check in report.checks:
         measured = "not measured" if check.measured is None else _fmt(check.measured, check.unit)
         margin = "-" if check.margin is None else f"{_fmt(check.margin, check.unit)} ({check.margin_pct:+.0f}%)"
-        verdict = "[green]PASS[/green]" if check.passed else "[bold red]FAIL[/bold red]"
+        verdict = _VERDICT_STYLES.get(check.verdict, "{}").format(check.verdict)  # EMULATED is never a PASS
         table.add_row(f"{check.name} ({check.description})", _fmt(check.budget, check.unit), measured, margin, verdict)
     out.print(table)
     lat = report.latency
