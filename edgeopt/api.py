@@ -19,10 +19,13 @@ from edgeopt.device.task_metric import MetricSpec
 from edgeopt.device.validate import ValidationReport
 from edgeopt.errors import BadInputError
 from edgeopt.evaluate import QualityGate
+from edgeopt.offline import decline_telemetry
 from edgeopt.pipeline import CompressResult, as_target, compress
 from edgeopt.targets import Measuring, Target, model_in, validate_on
 
 __all__ = ["compress", "validate", "optimize", "CompressResult"]
+
+decline_telemetry()  # edgeopt.offline: no usage telemetry from the libraries it drives
 
 
 def validate(artifact: str | Path, target: Target | str | Path, *, measuring: Measuring = Measuring(),

@@ -44,23 +44,24 @@ class Reopened:
     artifact: str  # "ONNX artifact", "OpenVINO IR"
     opened: list[str]  # "x[0]", ...: dynamic in the artifact as in the source
     fixed: list[str]  # "x[3] = 320", ...: the source's dynamic dimensions the artifact keeps fixed
-    probe_shapes: dict[str, list[int]]  # the sizes the opened artifact was checked at
+    probe_shapes: list[dict[str, list[int]]]  # the sizes the opened artifact was checked at (2x, then 1 shorter)
     cosine: float | None  # its worst output's cosine to the source's there (worst over the samples)
     calibrated_cosine: float | None  # and at the calibrated sizes
     samples: int  # calibration samples the check ran
     reason: str  # why the fixed ones stay fixed ("" when none does)
 
     def describe(self) -> dict:
-        return {"opened": list(self.opened), "fixed": list(self.fixed), "probe_shapes": dict(self.probe_shapes),
-                "cosine": self.cosine, "calibrated_cosine": self.calibrated_cosine, "samples": self.samples,
-                "reason": self.reason}
+        return {"opened": list(self.opened), "fixed": list(self.fixed),
+                "probe_shapes": [dict(shapes) for shapes in self.probe_shapes], "cosine": self.cosine,
+                "calibrated_cosine": self.calibrated_cosine, "samples": self.samples, "reason": self.reason}
 
     def note(self) -> str:
         parts = []
         if self.opened:
             parts.append(f"dynamic input dimensions kept dynamic in the {self.artifact}: {', '.join(self.opened)} "
-                         f"(checked at {_sizes(self.probe_shapes)}: worst output's cosine to the source "
-                         f"{self.cosine:.4f}, {self.calibrated_cosine:.4f} at the calibrated sizes, on "
+                         f"(checked at {' and at '.join(_sizes(shapes) for shapes in self.probe_shapes)}: worst "
+                         f"output's cosine to the source {self.cosine:.4f}, {self.calibrated_cosine:.4f} at the "
+                         f"calibrated sizes, on "
                          f"{self.samples} calibration sample(s); a check that the graph holds no calibrated size, "
                          f"not the quality gate, which judged the calibrated sizes)")
         if self.fixed:
@@ -100,48 +101,74 @@ def reopen(artifact, source, declared: list[TensorSpec], samples: list[dict[str,
     failures = []
 
     def source_runs(axes: dict[str, list[int]]) -> bool:
-        probe = _probe(samples, 0, axes, batch)
-        try:
-            _run(reference, {**probe, **extra})
-            return True
-        except Exception as exc:
-            failures.append(f"the source does not run at {_sizes(_shapes(probe, axes))} ({_line(exc)})")
-            return False
+        ran = False
+        for shrink in (False, True):
+            probe = _probe(samples, 0, axes, batch, shrink)
+            if probe is None:
+                continue
+            try:
+                _run(reference, {**probe, **extra})
+                ran = True
+            except Exception as exc:
+                failures.append(f"the source does not run at {_sizes(_shapes(probe, axes))} ({_line(exc)})")
+        return ran
 
     for axes in _attempts(dynamic, batch, _groups(source_model, dynamic), source_runs):
-        grown = [_probe(samples, index, axes, batch) for index in range(len(samples))]
-        shapes = _shapes(grown[0], axes)
-        try:
-            expected = [_run(reference, {**probe, **extra}) for probe in grown]
-        except Exception as exc:
-            failures.append(f"the source does not run at {_sizes(shapes)} ({_line(exc)})")
+        probes = []  # (sizes, the grown samples, the source's outputs there): each probe the source runs at
+        for shrink in (False, True):
+            grown = [_probe(samples, index, axes, batch, shrink) for index in range(len(samples))]
+            if grown[0] is None:
+                continue
+            shapes = _shapes(grown[0], axes)
+            try:
+                probes.append((shapes, grown, [_run(reference, {**probe, **extra}) for probe in grown]))
+            except Exception as exc:  # a size the source itself refuses is not the artifact's to take
+                failures.append(f"the source does not run at {_sizes(shapes)} ({_line(exc)})")
+        if not probes:
             continue
         try:  # OpenVINO refuses a reshape its graph cannot take
             model = kind.declare(artifact, source_model, axes, sample)
             run = kind.runner(model)
             at_calibrated = _agreement([run(s) for s in samples], calibrated)
-            got = [run(probe) for probe in grown]
         except Exception as exc:
-            failures.append(f"the artifact does not run at {_sizes(shapes)} ({_line(exc)})")
+            failures.append(f"the artifact does not run at {_sizes(probes[0][0])} ({_line(exc)})")
             continue
-        if [g.shape for g in got[0]] != [e.shape for e in expected[0]]:
-            failures.append(f"at {_sizes(shapes)} the artifact's output shapes {[list(g.shape) for g in got[0]]} "
-                            f"differ from the source's {[list(e.shape) for e in expected[0]]}")
-            continue
-        at_probe = _agreement(got, expected)
-        if at_probe.cosine < at_calibrated.cosine - TOLERANCE:
-            failures.append(f"at {_sizes(shapes)} its worst output's cosine to the source is {at_probe.cosine:.4f}, "
-                            f"{at_calibrated.cosine:.4f} at the calibrated sizes")
-            continue
-        if at_probe.scale_error > at_calibrated.scale_error + SCALE_TOLERANCE:
-            failures.append(f"at {_sizes(shapes)} an output's norm is {at_probe.scale_error:.1%} off the source's, "
-                            f"{at_calibrated.scale_error:.1%} at the calibrated sizes")
+        worst, failure = None, ""
+        for shapes, grown, expected in probes:
+            at_probe, failure = _compare(run, shapes, grown, expected, at_calibrated)
+            if failure:
+                break
+            worst = at_probe if worst is None or at_probe.cosine < worst.cosine else worst
+        if failure:
+            failures.append(failure)
             continue
         fixed = _fixed(dynamic, axes, sample)
-        return model, Reopened(kind.label, _names(axes), fixed, shapes, round(at_probe.cosine, 6),
-                               round(at_calibrated.cosine, 6), len(samples), "; ".join(failures) if fixed else "")
-    return artifact, Reopened(kind.label, [], _fixed(dynamic, {}, sample), {}, None, None, len(samples),
+        return model, Reopened(kind.label, _names(axes), fixed, [sizes for sizes, _, _ in probes],
+                               round(worst.cosine, 6), round(at_calibrated.cosine, 6), len(samples),
+                               "; ".join(failures) if fixed else "")
+    return artifact, Reopened(kind.label, [], _fixed(dynamic, {}, sample), [], None, None, len(samples),
                               "; ".join(failures))
+
+
+def _compare(run, shapes: dict[str, list[int]], grown: list[dict[str, np.ndarray]],
+             expected: list[list[np.ndarray]], at_calibrated: "_Agreement") -> tuple["_Agreement | None", str]:
+    """How close the artifact (``run``) comes to the source's ``expected`` outputs at the probe ``grown`` (sizes
+    ``shapes``), and why that is not as close as at the calibrated sizes ("" where it is)."""
+    try:
+        got = [run(probe) for probe in grown]
+    except Exception as exc:
+        return None, f"the artifact does not run at {_sizes(shapes)} ({_line(exc)})"
+    if [g.shape for g in got[0]] != [e.shape for e in expected[0]]:
+        return None, (f"at {_sizes(shapes)} the artifact's output shapes {[list(g.shape) for g in got[0]]} "
+                      f"differ from the source's {[list(e.shape) for e in expected[0]]}")
+    at_probe = _agreement(got, expected)
+    if at_probe.cosine < at_calibrated.cosine - TOLERANCE:
+        return at_probe, (f"at {_sizes(shapes)} its worst output's cosine to the source is {at_probe.cosine:.4f}, "
+                          f"{at_calibrated.cosine:.4f} at the calibrated sizes")
+    if at_probe.scale_error > at_calibrated.scale_error + SCALE_TOLERANCE:
+        return at_probe, (f"at {_sizes(shapes)} an output's norm is {at_probe.scale_error:.1%} off the source's, "
+                          f"{at_calibrated.scale_error:.1%} at the calibrated sizes")
+    return at_probe, ""
 
 
 def _attempts(dynamic: dict[str, list[int]], batch: dict[str, list[int]], groups: list[dict[str, list[int]]],
@@ -177,15 +204,22 @@ def _union(groups: list[dict[str, list[int]]]) -> dict[str, list[int]]:
 
 
 def _probe(samples: list[dict[str, np.ndarray]], index: int, axes: dict[str, list[int]],
-           batch: dict[str, list[int]]) -> dict[str, np.ndarray]:
+           batch: dict[str, list[int]], shrink: bool = False) -> dict[str, np.ndarray] | None:
     """Sample ``index`` grown ``PROBE_FACTOR`` times on ``axes``: along a batch axis joined with the next
     samples, along any other with its mirror image (different content, so a window or a count fixed in the graph
-    changes the result)."""
+    changes the result). ``shrink``: along the other axes one shorter than calibrated instead (a size no multiple
+    of the calibrated one shows a padding to a multiple folded in; it stays within a maximum length); None when
+    no such axis is longer than 2."""
+    if shrink and not any(value.shape[axis] > 2 for name, value in samples[index].items()
+                          for axis in axes.get(name, []) if axis not in batch.get(name, [])):
+        return None
     grown = {}
     for name, value in samples[index].items():
         for axis in axes.get(name, []):
             if axis in batch.get(name, []):
                 parts = [samples[(index + k) % len(samples)][name] for k in range(PROBE_FACTOR)]
+            elif shrink:
+                parts = [np.take(value, range(max(1, value.shape[axis] - 1)), axis=axis)]
             else:
                 parts = [value if k % 2 == 0 else np.flip(value, axis) for k in range(PROBE_FACTOR)]
             value = np.concatenate(parts, axis=axis)

@@ -11,6 +11,10 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
+from edgeopt.offline import decline_telemetry
+
+decline_telemetry()  # tests that call edgeopt's modules directly run offline like the CLI and the API
+
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS_MODEL = f"{ROOT / 'samples' / 'digits' / 'model.py'}:build"
 DIGITS_CALIB = ROOT / "calibration" / "digits" / "calib.npz"

@@ -77,7 +77,7 @@ def test_int8_artifacts_keep_the_dynamic_dimensions_and_run_at_other_sizes(cli, 
     for fmt, label in (("onnx", "ONNX artifact"), ("openvino", "OpenVINO IR")):
         decided = report["decisions"]["dynamic_axes"][fmt]
         assert decided["opened"] == ["x[0]", "x[2]", "x[3]"] and decided["fixed"] == []
-        assert decided["probe_shapes"] == {"x": [2, 3, 32, 32]}
+        assert decided["probe_shapes"] == [{"x": [2, 3, 32, 32]}, {"x": [2, 3, 15, 15]}]  # 2x, then 1 shorter
         assert decided["cosine"] >= decided["calibrated_cosine"] - 0.02 and decided["samples"] == 3
         assert any(note.startswith(f"dynamic input dimensions kept dynamic in the {label}: x[0], x[2], x[3]")
                    for note in report["notes"])
@@ -162,7 +162,7 @@ def test_only_the_batch_opens_where_the_source_runs_at_one_image_size(cli, tmp_p
     assert result.exit_code == 0, result.output
     for decided in json.loads((out / "report.json").read_text())["decisions"]["dynamic_axes"].values():
         assert decided["opened"] == ["input[0]"] and decided["fixed"] == ["input[3] = 8"]
-        assert decided["probe_shapes"] == {"input": [2, 1, 8, 8]}
+        assert decided["probe_shapes"] == [{"input": [2, 1, 8, 8]}]  # the batch alone: nothing to shorten
     assert _dims(out / "model.onnx") == ["batch", 1, 8, 8]
     x = np.random.default_rng(4).random((5, 1, 8, 8), dtype=np.float32)
     got, = _session(out / "model.onnx").run(None, {"input": x})
@@ -193,7 +193,7 @@ def test_the_dimensions_the_source_runs_at_open_and_the_others_stay_fixed_with_w
     graph = normalise(source.onnx_model(), feeds=sample, dynamic={"x": [0, 2, 3]}).model
     opened, reopened = reopen(graph, model, source.declared_inputs, [sample])
     assert reopened.opened == ["x[0]", "x[3]"] and reopened.fixed == ["x[2] = 16"]
-    assert reopened.probe_shapes == {"x": [2, 3, 16, 48]}
+    assert reopened.probe_shapes == [{"x": [2, 3, 16, 48]}, {"x": [2, 3, 16, 23]}]
     assert reopened.reason.startswith("the source does not run at x=2,3,32,48")  # all of them first
     assert "the source does not run at x=1,3,32,24" in reopened.reason  # then the height alone
     assert "MatMul dimension mismatch" in reopened.reason and "ONNXRuntimeError" not in reopened.reason  # the cause

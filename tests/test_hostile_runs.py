@@ -429,3 +429,26 @@ def test_a_full_disk_in_a_library_temp_file_is_one_line_exit_2():
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith("edgeopt: the disk refused a write (No space left on device) of ")
     assert "TMPDIR" in result.stderr and "internal error" not in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+def test_no_usage_telemetry_leaves_an_edgeopt_process(tiny_onnx):
+    """OpenVINO's converter and NNCF post usage telemetry from forked processes unless declined (a fork that
+    deadlocked kept a test run from ever ending); edgeopt declines it for a process that imports its API or runs
+    its CLI (edgeopt.offline), outside CI too. The control, without edgeopt, shows this host would send."""
+    code = ("import sys\n"
+            "from openvino_telemetry.utils.sender import TelemetrySender\n"
+            "sent = []\n"
+            "TelemetrySender.send = lambda self, backend, message: sent.append(message)\n"
+            "if sys.argv[2] == 'edgeopt':\n"
+            "    import edgeopt.api\n"
+            "import openvino as ov\n"
+            "ov.convert_model(sys.argv[1])\n"
+            "print(len(sent))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "TF_BUILD", "JENKINS_URL")}
+    sent = {}
+    for who in ("control", "edgeopt"):
+        done = subprocess.run([sys.executable, "-c", code, str(tiny_onnx), who], capture_output=True, text=True,
+                              env=env, timeout=300)
+        assert done.returncode == 0, done.stderr
+        sent[who] = int(done.stdout.split()[-1])
+    assert sent["control"] > 0 and sent["edgeopt"] == 0, sent

@@ -13,6 +13,7 @@ import click
 from edgeopt import __version__
 from edgeopt.atomic import DISK_ERRNOS
 from edgeopt.errors import EdgeoptError, first_line
+from edgeopt.offline import decline_telemetry
 
 
 class _Group(click.Group):
@@ -60,6 +61,7 @@ class _Group(click.Group):
 def main() -> None:
     """Compress, convert and validate neural networks for edge devices."""
     _quiet_libraries()
+    decline_telemetry()
 
 
 # Loggers whose chatter is not for a CLI user, and the lowest level still shown. Filters, not levels: these
