@@ -324,3 +324,33 @@ def test_an_openvino_session_compiles_again_after_a_feed_that_does_not_fit(cli, 
         session.infer({"x": np.zeros((1, 4, 16, 16), np.float32)})  # 4 channels: the runtime refuses
     assert session.infer({"x": np.zeros((2, 3, 24, 24), np.float32)})[0].shape == (2, 4)
     assert session.compiled_shapes == {"x": [2, 3, 24, 24]}
+
+
+class PadToEight(nn.Module):
+    """Pads the width to a multiple of 8 (as detectors and OCR models pad to their stride), then a stride-8 conv:
+    traced at width 16 the padding folds to 0, which is right at every multiple of 16 and wrong elsewhere."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, (3, 8), stride=(1, 8), padding=(1, 0))
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        x = nn.functional.pad(x, (0, (8 - x.shape[3] % 8) % 8))
+        return self.head(torch.relu(self.conv(x)).mean(dim=(2, 3)))
+
+
+def test_a_padding_folded_at_the_calibrated_size_keeps_the_width_fixed(tmp_path):
+    """Twice the width is a multiple of 8 too, so only the probe one shorter shows the folded padding."""
+    torch.manual_seed(0)
+    module, source = PadToEight().eval(), tmp_path / "pad.onnx"
+    torch.onnx.export(module, (torch.zeros(1, 3, 8, 16),), str(source), dynamo=False, opset_version=13,
+                      input_names=["x"], output_names=["y"], dynamic_axes={"x": {0: "batch", 3: "width"}})
+    folded = tmp_path / "folded.onnx"  # traced at width 16 without dynamic axes: the padding is the constant 0
+    torch.onnx.export(module, (torch.zeros(1, 3, 8, 16),), str(folded), dynamo=False, opset_version=13,
+                      input_names=["x"], output_names=["y"])
+    declared = load_model(source, {"x": (1, 3, 8, 16)}).declared_inputs
+    samples = [{"x": np.random.default_rng(i).random((1, 3, 8, 16), dtype=np.float32)} for i in range(3)]
+    _, reopened = reopen(onnx.load(str(folded)), source, declared, samples)
+    assert reopened.opened == ["x[0]"] and reopened.fixed == ["x[3] = 16"]
+    assert "at x=2,3,8,15 an output's norm is" in reopened.reason  # 2x (32) passed; one shorter did not

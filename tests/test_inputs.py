@@ -310,3 +310,15 @@ def test_an_ir_of_a_folder_whose_onnx_export_fails_is_written_with_its_sizes_fix
     notes = " ".join(json.loads((out / "report.json").read_text())["notes"])
     assert ("fixed in the artifacts, which run at these sizes only: input_ids[0] = 1, input_ids[1] = 16" in notes
             and "no FP32 ONNX export of the model to check other sizes against: torch cannot export" in notes)
+
+
+def test_a_length_at_the_models_maximum_stays_dynamic(tmp_path, hf_folder, cli):
+    """The tiny BERT takes at most 64 positions: calibrated at 40, twice the length is refused by the model
+    itself, so the length is checked one shorter (39) and stays dynamic."""
+    out = tmp_path / "out"
+    result = cli("compress", hf_folder, "--task", "feature-extraction", "--calib", _texts(tmp_path / "c.txt", 0, 8),
+                 "--input-shape", "input_ids=1,40", "--format", "onnx", "--out", out, "--quiet")
+    assert result.exit_code == 0, result.output
+    decided = json.loads((out / "report.json").read_text())["decisions"]["dynamic_axes"]["onnx"]
+    assert "input_ids[1]" in decided["opened"] and decided["fixed"] == []
+    assert decided["probe_shapes"] == [{name: [2, 39] for name in ("input_ids", "token_type_ids", "attention_mask")}]
