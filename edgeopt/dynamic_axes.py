@@ -101,20 +101,16 @@ def reopen(artifact, source, declared: list[TensorSpec], samples: list[dict[str,
     failures = []
 
     def source_runs(axes: dict[str, list[int]]) -> bool:
-        ran = False
-        for shrink in (False, True):
-            probe = _probe(samples, 0, axes, batch, shrink)
-            if probe is None:
-                continue
-            try:
-                _run(reference, {**probe, **extra})
-                ran = True
-            except Exception as exc:
-                failures.append(f"the source does not run at {_sizes(_shapes(probe, axes))} ({_line(exc)})")
-        return ran
+        probe = _probe(samples, 0, axes, batch)
+        try:
+            _run(reference, {**probe, **extra})
+            return True
+        except Exception as exc:
+            failures.append(f"the source does not run at {_sizes(_shapes(probe, axes))} ({_line(exc)})")
+            return False
 
     for axes in _attempts(dynamic, batch, _groups(source_model, dynamic), source_runs):
-        probes = []  # (sizes, the grown samples, the source's outputs there): each probe the source runs at
+        probes = []  # (sizes, the grown samples, the source's outputs there)
         for shrink in (False, True):
             grown = [_probe(samples, index, axes, batch, shrink) for index in range(len(samples))]
             if grown[0] is None:
@@ -122,8 +118,10 @@ def reopen(artifact, source, declared: list[TensorSpec], samples: list[dict[str,
             shapes = _shapes(grown[0], axes)
             try:
                 probes.append((shapes, grown, [_run(reference, {**probe, **extra}) for probe in grown]))
-            except Exception as exc:  # a size the source itself refuses is not the artifact's to take
-                failures.append(f"the source does not run at {_sizes(shapes)} ({_line(exc)})")
+            except Exception as exc:  # twice the size must run; one shorter only where the source takes it
+                if not shrink:
+                    failures.append(f"the source does not run at {_sizes(shapes)} ({_line(exc)})")
+                    break
         if not probes:
             continue
         try:  # OpenVINO refuses a reshape its graph cannot take
@@ -208,8 +206,7 @@ def _probe(samples: list[dict[str, np.ndarray]], index: int, axes: dict[str, lis
     """Sample ``index`` grown ``PROBE_FACTOR`` times on ``axes``: along a batch axis joined with the next
     samples, along any other with its mirror image (different content, so a window or a count fixed in the graph
     changes the result). ``shrink``: along the other axes one shorter than calibrated instead (a size no multiple
-    of the calibrated one shows a padding to a multiple folded in; it stays within a maximum length); None when
-    no such axis is longer than 2."""
+    of the calibrated one shows a padding to a multiple folded in); None when no such axis is longer than 2."""
     if shrink and not any(value.shape[axis] > 2 for name, value in samples[index].items()
                           for axis in axes.get(name, []) if axis not in batch.get(name, [])):
         return None

@@ -312,13 +312,14 @@ def test_an_ir_of_a_folder_whose_onnx_export_fails_is_written_with_its_sizes_fix
             and "no FP32 ONNX export of the model to check other sizes against: torch cannot export" in notes)
 
 
-def test_a_length_at_the_models_maximum_stays_dynamic(tmp_path, hf_folder, cli):
+
+def test_a_length_the_model_cannot_double_stays_fixed(tmp_path, hf_folder, cli):
     """The tiny BERT takes at most 64 positions: calibrated at 40, twice the length is refused by the model
-    itself, so the length is checked one shorter (39) and stays dynamic."""
+    itself, so the length stays fixed, with why, though the model runs one shorter (the batch still opens)."""
     out = tmp_path / "out"
     result = cli("compress", hf_folder, "--task", "feature-extraction", "--calib", _texts(tmp_path / "c.txt", 0, 8),
                  "--input-shape", "input_ids=1,40", "--format", "onnx", "--out", out, "--quiet")
     assert result.exit_code == 0, result.output
     decided = json.loads((out / "report.json").read_text())["decisions"]["dynamic_axes"]["onnx"]
-    assert "input_ids[1]" in decided["opened"] and decided["fixed"] == []
-    assert decided["probe_shapes"] == [{name: [2, 39] for name in ("input_ids", "token_type_ids", "attention_mask")}]
+    assert decided["opened"] == ["input_ids[0]", "token_type_ids[0]", "attention_mask[0]"]
+    assert "input_ids[1] = 40" in decided["fixed"] and "the source does not run at input_ids=2,80" in decided["reason"]
