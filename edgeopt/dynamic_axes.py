@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from edgeopt import jsonio
-from edgeopt.device.runtime import RECORDED_SHAPES, TensorSpec
+from edgeopt.device.runtime import RECORDED_SHAPES, TensorSpec, format_sizes
 from edgeopt.source import dynamic_dims, fixed_dim
 
 PROBE_FACTOR = 2  # each opened dimension is checked at this multiple of its calibrated size
@@ -59,7 +59,7 @@ class Reopened:
         parts = []
         if self.opened:
             parts.append(f"dynamic input dimensions kept dynamic in the {self.artifact}: {', '.join(self.opened)} "
-                         f"(checked at {' and at '.join(_sizes(shapes) for shapes in self.probe_shapes)}: worst "
+                         f"(checked at {' and at '.join(format_sizes(shapes) for shapes in self.probe_shapes)}: worst "
                          f"output's cosine to the source {self.cosine:.4f}, {self.calibrated_cosine:.4f} at the "
                          f"calibrated sizes, on "
                          f"{self.samples} calibration sample(s); a check that the graph holds no calibrated size, "
@@ -96,7 +96,7 @@ def reopen(artifact, source, declared: list[TensorSpec], samples: list[dict[str,
         reference = _session(source.SerializeToString() if isinstance(source, onnx.ModelProto) else str(source))
         calibrated = [_run(reference, {**s, **extra}) for s in samples]
     except Exception as exc:  # the file as it is, unpinned and at dimensions declared 0: not every one runs
-        return artifact, Reopened(kind.label, [], _fixed(dynamic, {}, sample), {}, None, None, len(samples),
+        return artifact, Reopened(kind.label, [], _fixed(dynamic, {}, sample), [], None, None, len(samples),
                                   f"ONNX Runtime does not run {what} as it is ({_line(exc)})")
     failures = []
 
@@ -106,7 +106,7 @@ def reopen(artifact, source, declared: list[TensorSpec], samples: list[dict[str,
             _run(reference, {**probe, **extra})
             return True
         except Exception as exc:
-            failures.append(f"the source does not run at {_sizes(_shapes(probe, axes))} ({_line(exc)})")
+            failures.append(f"the source does not run at {format_sizes(_shapes(probe, axes))} ({_line(exc)})")
             return False
 
     for axes in _attempts(dynamic, batch, _groups(source_model, dynamic), source_runs):
@@ -120,7 +120,7 @@ def reopen(artifact, source, declared: list[TensorSpec], samples: list[dict[str,
                 probes.append((shapes, grown, [_run(reference, {**probe, **extra}) for probe in grown]))
             except Exception as exc:  # twice the size must run; one shorter only where the source takes it
                 if not shrink:
-                    failures.append(f"the source does not run at {_sizes(shapes)} ({_line(exc)})")
+                    failures.append(f"the source does not run at {format_sizes(shapes)} ({_line(exc)})")
                     break
         if not probes:
             continue
@@ -129,7 +129,7 @@ def reopen(artifact, source, declared: list[TensorSpec], samples: list[dict[str,
             run = kind.runner(model)
             at_calibrated = _agreement([run(s) for s in samples], calibrated)
         except Exception as exc:
-            failures.append(f"the artifact does not run at {_sizes(probes[0][0])} ({_line(exc)})")
+            failures.append(f"the artifact does not run at {format_sizes(probes[0][0])} ({_line(exc)})")
             continue
         worst, failure = None, ""
         for shapes, grown, expected in probes:
@@ -155,16 +155,16 @@ def _compare(run, shapes: dict[str, list[int]], grown: list[dict[str, np.ndarray
     try:
         got = [run(probe) for probe in grown]
     except Exception as exc:
-        return None, f"the artifact does not run at {_sizes(shapes)} ({_line(exc)})"
+        return None, f"the artifact does not run at {format_sizes(shapes)} ({_line(exc)})"
     if [g.shape for g in got[0]] != [e.shape for e in expected[0]]:
-        return None, (f"at {_sizes(shapes)} the artifact's output shapes {[list(g.shape) for g in got[0]]} "
+        return None, (f"at {format_sizes(shapes)} the artifact's output shapes {[list(g.shape) for g in got[0]]} "
                       f"differ from the source's {[list(e.shape) for e in expected[0]]}")
     at_probe = _agreement(got, expected)
     if at_probe.cosine < at_calibrated.cosine - TOLERANCE:
-        return at_probe, (f"at {_sizes(shapes)} its worst output's cosine to the source is {at_probe.cosine:.4f}, "
-                          f"{at_calibrated.cosine:.4f} at the calibrated sizes")
+        return at_probe, (f"at {format_sizes(shapes)} its worst output's cosine to the source is "
+                          f"{at_probe.cosine:.4f}, {at_calibrated.cosine:.4f} at the calibrated sizes")
     if at_probe.scale_error > at_calibrated.scale_error + SCALE_TOLERANCE:
-        return at_probe, (f"at {_sizes(shapes)} an output's norm is {at_probe.scale_error:.1%} off the source's, "
+        return at_probe, (f"at {format_sizes(shapes)} an output's norm is {at_probe.scale_error:.1%} off the source's, "
                           f"{at_calibrated.scale_error:.1%} at the calibrated sizes")
     return at_probe, ""
 
@@ -345,10 +345,6 @@ def _names(axes: dict[str, list[int]]) -> list[str]:
 def _fixed(dynamic: dict[str, list[int]], opened: dict[str, list[int]], sample: dict[str, np.ndarray]) -> list[str]:
     return [fixed_dim(name, axis, sample[name].shape[axis]) for name, axes in dynamic.items() for axis in axes
             if axis not in opened.get(name, [])]
-
-
-def _sizes(shapes: dict[str, list[int]]) -> str:
-    return ", ".join(f"{name}={','.join(map(str, shape))}" for name, shape in shapes.items())
 
 
 def _line(exc: BaseException) -> str:

@@ -22,7 +22,7 @@ def run(request: dict) -> dict:
     if request.get("cpus"):
         os.sched_setaffinity(0, request["cpus"])
     from edgeopt.device.measure import time_inferences
-    from edgeopt.device.runtime import RuntimeSettings, open_session, runtime_version
+    from edgeopt.device.runtime import RuntimeSettings, format_sizes, open_session, runtime_version
 
     settings = RuntimeSettings(**request["settings"])
     version = runtime_version(settings.runtime)  # imports the runtime before the baseline RSS is read
@@ -40,8 +40,8 @@ def run(request: dict) -> dict:
         if not given:
             raise
         others = {name: shape for name, shape in shapes.items() if name not in given}
-        raise BadInputError(f"the model does not run at input shapes {_text(shapes)}"
-                            + (f" ({_text(others)} recorded by edgeopt, not given)" if others else "")
+        raise BadInputError(f"the model does not run at input shapes {format_sizes(shapes)}"
+                            + (f" ({format_sizes(others)} recorded by edgeopt, not given)" if others else "")
                             + f": {first_line(exc, 200)}; give each input's shape with --input-shape") from exc
     peak = _status_kib("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {
@@ -82,10 +82,6 @@ def _feeds(inputs, recorded: dict, given: dict) -> tuple[dict, dict]:
                                 f"(--input-shape {spec.name}=..., or input_shapes in the target profile)")
         concrete.append(spec)
     return random_feeds(concrete), {spec.name: list(spec.shape) for spec in concrete}
-
-
-def _text(shapes: dict) -> str:
-    return ", ".join(f"{name}={','.join(map(str, shape))}" for name, shape in shapes.items())
 
 
 def _status_kib(field: str) -> int | None:

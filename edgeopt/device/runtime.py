@@ -170,7 +170,7 @@ class OpenVINOSession(Session):
                                if port.get_any_name() in sizes})
             self._compiled = self._core.compile_model(model, self.settings.device, self._config)
         except Exception as exc:  # OpenVINO raises its own exception types for a shape it cannot take
-            at = f" at input shapes {_sizes_text(sizes)}" if sizes else ""
+            at = f" at input shapes {format_sizes(sizes)}" if sizes else ""
             raise BadInputError(f"{self._path}: OpenVINO cannot load this model{at} ({first_line(exc)})") from exc
         self.compiled_shapes = sizes
         self._request = self._compiled.create_infer_request()
@@ -220,10 +220,6 @@ class OpenVINOSession(Session):
         if self.compiled_shapes:
             described["compiled_at"] = dict(self.compiled_shapes)  # the file's dynamic inputs, reshaped to these
         return described
-
-
-def _sizes_text(sizes: dict[str, list[int]]) -> str:
-    return ", ".join(f"{name}={','.join(map(str, shape))}" for name, shape in sizes.items())
 
 
 def _static_sizes(inputs: list[TensorSpec], sizes: dict[str, list[int]]) -> dict[str, list[int]]:
@@ -340,6 +336,11 @@ def contiguous(value) -> np.ndarray:
 
 def format_shape(shape: tuple[int | None, ...]) -> str:
     return "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def format_sizes(shapes: dict[str, list[int]]) -> str:
+    """Input sizes as messages and reports write them: ``x=1,3,48,320, y=1,4``."""
+    return ", ".join(f"{name}={','.join(map(str, shape))}" for name, shape in shapes.items())
 
 
 def _ov_spec(port) -> TensorSpec:

@@ -17,7 +17,7 @@ from edgeopt import jsonio
 from edgeopt.device.budgets import BudgetCheck, Budgets, check_budgets
 from edgeopt.device.host import host_info
 from edgeopt.device.formats import file_format
-from edgeopt.device.runtime import SESSIONS, RuntimeSettings
+from edgeopt.device.runtime import SESSIONS, RuntimeSettings, format_sizes
 from edgeopt.device.stats import LatencyStats, latency_stats
 from edgeopt.errors import BadInputError
 
@@ -82,8 +82,7 @@ class ValidationReport:
                 f"streams={eff.get('streams')}, hint={eff.get('performance_hint')}, "
                 f"inference precision={eff.get('inference_precision')}")
         if eff.get("compiled_at"):
-            text += "; dynamic inputs compiled static at " + ", ".join(
-                f"{name}={','.join(map(str, shape))}" for name, shape in eff["compiled_at"].items())
+            text += "; dynamic inputs compiled static at " + format_sizes(eff["compiled_at"])
         if not where:
             return text
         return f"{text}; {self.emulation_note or 'on this host (' + self.host['cpu_model'] + ')'}"
@@ -210,7 +209,7 @@ def leading_batch(shapes: dict[str, list[int]]) -> int | None:
 
 def _batch_text(shapes: dict[str, list[int]]) -> str:
     batch = leading_batch(shapes)
-    sizes = ", ".join(f"{name}={','.join(map(str, shape))}" for name, shape in shapes.items())
+    sizes = format_sizes(shapes)
     return (f"batch {batch}" if batch is not None else "batch as the shapes say") + (f" ({sizes})" if sizes else "")
 
 
