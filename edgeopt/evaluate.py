@@ -17,7 +17,7 @@ import numpy as np
 from edgeopt.data import SampleSet
 from edgeopt.device.runtime import RuntimeSettings, open_session, runtime_for
 from edgeopt.device.task_metric import MetricCheck, MetricSpec, MetricValues
-
+from edgeopt.errors import BadInputError
 
 EVAL_SETTINGS = RuntimeSettings(inference_precision="f32", threads=None)  # how artifacts are run for quality
 
@@ -166,12 +166,28 @@ def classifier_outputs(reference: Outputs) -> set[str]:
     return found
 
 
-def labelled_output(reference: Outputs, gated: tuple[str, ...] = ()) -> str:
-    """The output labels are scored on: the first (gated) classifier-shaped output, else the first gated one."""
-    candidates = [n for n in reference.names if not gated or n in gated] or reference.names
-    shaped = [n for n in candidates
-              if len(reference.shapes[reference.index(n)]) == 2 and reference.shapes[reference.index(n)][1] >= 2]
-    return (shaped or candidates)[0]
+_FEATURES_NAME = re.compile(r"hidden|pooler|embed|feature|state", re.IGNORECASE)
+
+
+def labelled_output(reference: Outputs, gated: tuple[str, ...] = ()) -> str | None:
+    """The output labels are scored on: the first gated output that says it is a classifier (probabilities, or a
+    name such as logits: ``classifier_outputs``), else the model's only output shaped like scores per class (a row
+    of at least two values per sample, not named as features or state such as ``pooler_output``) when it is
+    gated; None when there is no such output, or several to guess from."""
+    shaped = [n for n in reference.names if len(reference.shapes[reference.index(n)]) == 2
+              and reference.shapes[reference.index(n)][1] >= 2 and not _FEATURES_NAME.search(n)]
+    candidates = [n for n in shaped if not gated or n in gated]
+    classifiers = classifier_outputs(reference)
+    only = shaped[0] if len(shaped) == 1 and shaped == candidates else None
+    return next((n for n in candidates if n in classifiers), only)
+
+
+def _label_outside(labels: np.ndarray, reference: Outputs, output: str) -> str | None:
+    """Why the labels cannot be class indices of ``output``, or None when they can."""
+    classes = reference.shapes[reference.index(output)][1]
+    outside = [int(v) for v in (labels.min(), labels.max()) if not 0 <= int(v) < classes] if labels.size else []
+    return (f"label {outside[-1]} is not a class of output '{output}', which scores {classes} classes "
+            f"(0..{classes - 1})") if outside else None
 
 
 def measure_outputs(name: str, outputs: Outputs, labels: np.ndarray | None, reference: Outputs | None, *,
@@ -184,6 +200,10 @@ def measure_outputs(name: str, outputs: Outputs, labels: np.ndarray | None, refe
 
     basis = reference or outputs
     labelled = labelled_output(basis, gated) if labels is not None else None
+    outside = _label_outside(labels, basis, labelled) if labelled is not None else None
+    if outside and metric is None:
+        raise BadInputError(outside)
+    labelled = None if outside else labelled  # a task metric takes the labels as its targets: no top-1 then
     top1 = (float(np.mean(outputs.values[basis.index(labelled)].argmax(axis=1) == labels))
             if labelled is not None else None)
     values = evaluate_metric(metric, outputs.per_sample(), targets) if metric is not None else None

@@ -445,6 +445,11 @@ def _evaluate(result: CompressResult, source: SourceModel, evaluation: SampleSet
     gated = result.gate.outputs
     result.reference = measure_outputs("original", reference, evaluation.labels, None, gated=gated,
                                        metric=result.gate.metric, targets=evaluation.targets)
+    if evaluation.labels is not None and result.reference.top1_output is None:
+        outputs = ", ".join(f"{name} {list(shape)}" for name, shape in zip(reference.names, reference.shapes)
+                            if not gated or name in gated)
+        result.notes.append(f"labels in {evaluation.source} not scored: no {'gated ' if gated else ''}output gives "
+                            f"one score per class ({outputs}); the gate compares outputs with the original's")
     for artifact in result.artifacts:
         outputs = all_outputs(session_predictor(artifact.path, result.settings_for(artifact.runtime)), evaluation,
                               reference.names)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from edgeopt.evaluate import Fidelity, Quality, QualityGate
+from edgeopt.evaluate import Fidelity, Outputs, Quality, QualityGate, labelled_output
 from edgeopt.model_type import detect_model_type
 
 HERE = Path(__file__).resolve().parent
@@ -162,3 +162,42 @@ def test_int8_notes_the_detected_transformer(tmp_path, cli):
     notes = json.loads((out / "report.json").read_text())["notes"]
     assert any("preset=mixed" in n and "model_type=transformer (fused attention op ScaledDotProductAttention)" in n
                and "chosen by worst-output cosine" in n for n in notes), notes
+
+
+def _outputs(**shapes) -> Outputs:
+    rng = np.random.default_rng(0)
+    return Outputs(list(shapes), [rng.random((4, *shape[1:])) for shape in shapes.values()], list(shapes.values()))
+
+
+def test_labels_are_scored_on_a_classifier_output_only():
+    """A score per class: the softmax 'prob' before the box head that comes first, a lone unnamed logits output,
+    never features such as a pooler's (an argmax there is meaningless) nor a guess among several heads."""
+    heads = _outputs(box=(1, 4), landmarks=(1, 10), prob=(1, 2))
+    heads.values[2] = heads.values[2] / heads.values[2].sum(axis=1, keepdims=True)
+    assert labelled_output(heads) == "prob"
+    assert labelled_output(heads, ("box", "landmarks")) is None  # no classifier gated, two to guess from
+    assert labelled_output(_outputs(box=(1, 4), landmarks=(1, 10))) is None
+    assert labelled_output(_outputs(output=(1, 1000))) == "output"  # unnamed logits still count
+    assert labelled_output(_outputs(last_hidden_state=(1, 8, 16), pooler_output=(1, 16))) is None
+    assert labelled_output(_outputs(logits=(1, 3), hidden_states=(1, 3))) == "logits"
+
+
+def test_labels_without_a_classifier_are_noted_and_out_of_range_labels_refused(tmp_path, three_outputs, cli):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    images = np.load(three_outputs["eval"])["image"]
+    np.savez(folder / "labelled.npz", image=images, labels=np.arange(len(images)) % 2)
+    out = tmp_path / "features"
+    result = compress_ir(cli, {**three_outputs, "eval": folder / "labelled.npz"}, out, "--outputs", "landmarks",
+                         "--min-cosine", "0.5")
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["quality"]["artifacts"]["openvino"]["top1"] is None
+    assert any(note.startswith("labels in ") and "not scored: no gated output gives one score per class "
+               "(landmarks [1, 10])" in note for note in report["notes"]), report["notes"]
+
+    np.savez(folder / "wide.npz", image=images, labels=np.full(len(images), 5))
+    result = compress_ir(cli, {**three_outputs, "eval": folder / "wide.npz"}, tmp_path / "wide")
+    assert result.exit_code == 2, result.output
+    assert "label 5 is not a class of output 'prob', which scores 2 classes (0..1)" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "wide" / "report.json").exists()
