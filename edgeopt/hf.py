@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -68,6 +69,16 @@ def load_hf_folder(path: Path, task: str | None, input_shapes: dict, make_source
     source.declared_inputs = [TensorSpec(spec.name, (None, None), spec.dtype, spec.batch_axis)  # batch, length
                               if spec.name in example and len(spec.shape) == 2 else spec for spec in source.inputs]
     return source
+
+
+def save_companions(folder: Path, tokenizer, out: Path) -> list[str]:
+    """What a Hugging Face model folder's artifacts need beside them, written into ``out``: the folder's
+    ``config.json`` (copied byte for byte) and its tokenizer (``save_pretrained``), so ``out`` loads as a folder
+    does (``AutoTokenizer.from_pretrained(out)``). The names written, sorted."""
+    before = set(os.listdir(out))
+    shutil.copyfile(folder / "config.json", out / "config.json")
+    tokenizer.save_pretrained(str(out))
+    return sorted(set(os.listdir(out)) - before)
 
 
 def _task_from(config: dict) -> str:

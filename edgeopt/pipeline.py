@@ -32,6 +32,7 @@ from edgeopt.evaluate import (
 )
 from edgeopt.export import Artifact, save_artifacts, saved_bytes
 from edgeopt.formats import FORMATS, REFERENCE, artifact_weight_bytes, format_of, parse_formats
+from edgeopt.hf import save_companions
 from edgeopt.passes.base import PassContext, WorkingModel
 from edgeopt.passes.registry import GRAPH, TORCH
 from edgeopt.pinning import pin_branch_inputs
@@ -239,6 +240,7 @@ def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target
         with atomic.atomic_dir(out) as tmp:
             with timer("save"):
                 artifacts = save_artifacts(working, tmp, formats)
+                companions = save_companions(loaded.path, loaded.tokenizer, tmp) if loaded.tokenizer else []
                 if working.reproduce:
                     _write_reproducing_recipe(tmp / "recipe.toml", recipe, working.reproduce)
                 if "int8_repair" in working.decisions:
@@ -254,6 +256,8 @@ def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target
                 result.notes.insert(0, pinned.note())
             if left_out:
                 result.notes.insert(0, left_out)
+            if companions:
+                result.notes.append(f"beside the artifacts, from {loaded.path}: {', '.join(companions)}")
             if reopened:
                 result.decisions["dynamic_axes"] = {name: check.describe() for name, check in reopened.items()}
             result.notes.extend(_fixed_dims_notes(source.fixed_dims(), reopened, unchecked))

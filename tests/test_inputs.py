@@ -222,9 +222,10 @@ def hf_folder(tmp_path_factory) -> Path:
 
 
 def _texts(path: Path, seed: int, count: int, jsonl: bool = False) -> Path:
+    """Random sentences; as ``.jsonl`` with a label each (a labelled set a feature extractor cannot score)."""
     rng = np.random.default_rng(seed)
     texts = [" ".join(rng.choice(WORDS, rng.integers(3, 14))) for _ in range(count)]
-    lines = [json.dumps({"text": t}) for t in texts] if jsonl else texts
+    lines = [json.dumps({"text": t, "label": i % 2}) for i, t in enumerate(texts)] if jsonl else texts
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -248,6 +249,12 @@ def test_hugging_face_folder_compresses_with_text_calibration(tmp_path, hf_folde
         assert set(quality["outputs"]) == {"last_hidden_state", "pooler_output"}
         assert quality["outputs"]["last_hidden_state"]["cosine"] > 0.99
         assert quality["outputs"]["last_hidden_state"]["top1_agreement"] is None  # not a classifier
+        assert quality["top1"] is None  # the labels: pooler_output is features, not class scores
+    assert any("not scored: no output gives one score per class" in note for note in report["notes"])
+    # the folder's config and tokenizer beside the artifacts, so out/ loads as the folder does
+    assert (out / "config.json").read_bytes() == (hf_folder / "config.json").read_bytes()
+    assert {"tokenizer.json", "tokenizer_config.json"} <= {p.name for p in out.iterdir()}
+    assert any(note.startswith(f"beside the artifacts, from {hf_folder}: config.json, ") for note in report["notes"])
     _onnx_takes_any_batch_and_length(out / "model.onnx", hf_folder, report["decisions"]["dynamic_axes"]["onnx"])
     assert report["decisions"]["dynamic_axes"]["openvino"]["fixed"] == []
 
@@ -261,7 +268,7 @@ def _onnx_takes_any_batch_and_length(path: Path, folder: Path, decided: dict) ->
     assert decided["fixed"] == [] and "input_ids[1]" in decided["opened"] and "attention_mask[1]" in decided["opened"]
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     assert all(isinstance(d, str) for i in session.get_inputs() for d in i.shape)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent))  # the one written beside it
     feeds = {name: np.asarray(value, np.int64) for name, value in tokenizer(
         ["the cat sat on the mat", "a big red house by the river under the blue sky ran fast"], padding=True,
         return_tensors="np").items()}
