@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from edgeopt.batch_axes import check_batch_axis, model_batch_axis
-from edgeopt.device.runtime import TensorSpec, format_shape
+from edgeopt.device.runtime import TensorSpec, format_shape, onnx_recorded_shapes, openvino_recorded_shapes
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.onnx_prep import describe_unsupported, quantized_ops
 from edgeopt.torch_inputs import torch_call
@@ -347,7 +347,9 @@ def _load_onnx(path: Path, input_shapes: dict, batch_axes: dict) -> SourceModel:
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)).name
         specs.append(TensorSpec(value.name, tuple(size for size, _ in declared), dtype, model_batch_axis(declared)))
     outputs = [value.name for value in model.graph.output]
-    return SourceModel("onnx", path, _resolve_shapes(path, _with_batch_axes(path, specs, batch_axes), input_shapes),
+    recorded = onnx_recorded_shapes({prop.key: prop.value for prop in model.metadata_props})
+    return SourceModel("onnx", path, _resolve_shapes(path, _with_batch_axes(path, specs, batch_axes), input_shapes,
+                                                     recorded),
                        onnx_path=path, output_names=outputs, quantized_ops=quantized_ops(model),
                        declared_inputs=specs)
 
@@ -367,7 +369,8 @@ def _load_openvino(path: Path, input_shapes: dict, batch_axes: dict) -> SourceMo
         dtype = port.get_element_type().to_dtype().name
         specs.append(TensorSpec(port.get_any_name(), dims, dtype, model_batch_axis([(d, None) for d in dims])))
     outputs = [port.get_any_name() if port.get_names() else f"output{i}" for i, port in enumerate(model.outputs)]
-    return SourceModel("openvino", path, _resolve_shapes(path, _with_batch_axes(path, specs, batch_axes), input_shapes),
+    return SourceModel("openvino", path, _resolve_shapes(path, _with_batch_axes(path, specs, batch_axes), input_shapes,
+                                                         openvino_recorded_shapes(model)),
                        output_names=outputs, declared_inputs=specs)
 
 
@@ -470,11 +473,16 @@ def _check_runs(path: Path, module, example: tuple) -> None:
                             f"(check --input-shape: {first_line(exc, 160)})") from exc
 
 
-def _resolve_shapes(path: Path, specs: list[TensorSpec], input_shapes: dict) -> list[TensorSpec]:
+def _resolve_shapes(path: Path, specs: list[TensorSpec], input_shapes: dict,
+                    recorded: dict | None = None) -> list[TensorSpec]:
+    """Each input at a static shape: the one given, else the sizes the file records (edgeopt's artifacts), else
+    its declared shape with a dynamic batch axis at 1."""
     _check_names(path, [spec.name for spec in specs], input_shapes, "--input-shape")
     resolved = []
     for spec in specs:
-        shape = input_shapes.get(spec.name, spec.shape)
+        stored = tuple((recorded or {}).get(spec.name, ()))
+        fits = len(stored) == len(spec.shape) and all(d is None or d == s for d, s in zip(spec.shape, stored))
+        shape = input_shapes.get(spec.name, stored if fits else spec.shape)
         if spec.name not in input_shapes and spec.batch_dim is not None and shape[spec.batch_dim] is None:
             shape = tuple(1 if axis == spec.batch_dim else d for axis, d in enumerate(shape))
         if len(shape) != len(spec.shape) or any(m is not None and m != g for m, g in zip(spec.shape, shape)):

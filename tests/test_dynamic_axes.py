@@ -119,6 +119,11 @@ def test_a_validator_takes_the_recorded_sizes_for_dynamic_dimensions(cli, pooled
         measured = json.loads(ir.stdout)["measured_with"]
         assert measured["input_shapes"] == {"x": expected}
         assert measured["settings_effective"]["compiled_at"] == {"x": expected}, measured
+    for artifact in ("model.onnx", "model.xml"):  # loaded as a model: the recorded sizes, no --input-shape needed
+        assert load_model(out / artifact).inputs[0].shape == (1, 3, 16, 16)
+        assert load_model(out / artifact, {"x": (2, 3, 8, 8)}).inputs[0].shape == (2, 3, 8, 8)
+    golden = cli("golden", "create", out / "model.xml", "--data", calib, "--out", tmp_path / "golden", "--samples", 4)
+    assert golden.exit_code == 0, golden.output
     session = open_session(out / "model.xml")  # compiled at the recorded sizes; again for another size fed
     assert session.compiled_shapes == {"x": [1, 3, 16, 16]} and session.inputs[0].shape == (None, 3, None, None)
     assert session.infer({"x": np.zeros((2, 3, 24, 32), np.float32)})[0].shape == (2, 4)

@@ -20,6 +20,19 @@ PRECISIONS = ("f32", "bf16", "f16")
 RECORDED_SHAPES = "edgeopt.input_shapes"  # ONNX metadata: the sizes edgeopt calibrated a dynamic input at
 
 
+def onnx_recorded_shapes(metadata: dict[str, str]) -> dict[str, list[int]]:
+    """The sizes an ONNX file's metadata (key -> value) records for its dynamic inputs (edgeopt's files), or {}."""
+    recorded = metadata.get(RECORDED_SHAPES)
+    return json.loads(recorded) if recorded else {}
+
+
+def openvino_recorded_shapes(model) -> dict[str, list[int]]:
+    """The sizes an OpenVINO model records for its dynamic inputs, or {}: edgeopt's IR, and an ONNX file's
+    metadata as OpenVINO's frontend keeps it."""
+    key = ["framework", RECORDED_SHAPES]
+    return json.loads(model.get_rt_info(key).astype(str)) if model.has_rt_info(key) else {}
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """Name, shape (None for a dynamic dimension) and numpy dtype of a model input or output, and the axis
@@ -154,9 +167,7 @@ class OpenVINOSession(Session):
         # input read back as '55'), while the ports' order, shapes and types are the file's
         self.inputs = [_ov_spec(port) for port in model.inputs]
         self.outputs = [_ov_spec(port) for port in model.outputs]
-        recorded = ["framework", RECORDED_SHAPES]  # an ONNX file's metadata, as OpenVINO's frontend keeps it
-        self.recorded_shapes = (json.loads(model.get_rt_info(recorded).astype(str))
-                                if model.has_rt_info(recorded) else {})
+        self.recorded_shapes = openvino_recorded_shapes(model)
         self._model = model if any(None in spec.shape for spec in self.inputs) else None  # to compile again
         self._compile(model, _static_sizes(self.inputs, {**self.recorded_shapes, **(shapes or {})}))
         self.compile_seconds = time.perf_counter() - start
@@ -262,8 +273,7 @@ class OnnxRuntimeSession(Session):
                        for i in self._session.get_inputs()]
         self.outputs = [TensorSpec(o.name, _ort_shape(o.shape), _ORT_TYPES.get(o.type, o.type))
                         for o in self._session.get_outputs()]
-        recorded = self._session.get_modelmeta().custom_metadata_map.get(RECORDED_SHAPES)
-        self.recorded_shapes = json.loads(recorded) if recorded else {}
+        self.recorded_shapes = onnx_recorded_shapes(self._session.get_modelmeta().custom_metadata_map)
 
     def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         return self._session.run(None, feeds)
