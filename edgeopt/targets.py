@@ -53,6 +53,7 @@ from edgeopt.device.budgets import BUDGET_FIELDS, LATENCY_BUDGETS, SPREAD_BUDGET
 from edgeopt.device.host import HostInfo
 from edgeopt.device.runtime import PRECISIONS, RUNTIMES, RuntimeSettings
 from edgeopt.device.task_metric import MetricSpec
+from edgeopt.device.validate import isa_cap_note
 from edgeopt.errors import BadInputError
 from edgeopt.tomlio import read_toml
 
@@ -112,7 +113,8 @@ class Target:
     def describe(self) -> dict:
         return {"name": self.name, "description": self.description, "device": asdict(self.device),
                 "runtime": self.settings.describe(), "budgets": self.budgets.describe(),
-                "precisions": list(self.precisions), "objective": self.objective, "input_shapes": {k: list(v) for k, v in self.input_shapes.items()},
+                "precisions": list(self.precisions), "objective": self.objective,
+                "input_shapes": {k: list(v) for k, v in self.input_shapes.items()},
                 "batch_axes": dict(self.batch_axes), **({"metric": self.metric.describe()} if self.metric else {}),
                 "source": str(self.source) if self.source else None, "extends": list(self.extends)}
 
@@ -221,7 +223,7 @@ def plan_emulation(target: Target, host: HostInfo) -> Emulation | None:
                      f"latency is indicative only")
     elif target.device.arch == "x86_64" and settings.runtime == "openvino":
         max_isa = onednn_isa(target.device.isa)
-        notes.append(f"ISA capped to {max_isa} (ONEDNN_MAX_CPU_ISA)")
+        notes.append(isa_cap_note(max_isa).removeprefix("; "))
     elif target.device.arch == "x86_64":
         notes.append("ISA not capped (ONNX Runtime has no switch for it)")
     span = f"CPU {cpus[0]}" if len(cpus) == 1 else f"CPUs {','.join(map(str, cpus))}"
@@ -408,7 +410,8 @@ def validate_on(target: Target, model_path: str | os.PathLike, *, measuring: Mea
     def measure():
         report = validate_artifact(
             model_path, emulation.settings if emulation else target.settings, target.budgets, runs=measuring.runs,
-            warmup=measuring.warmup, min_seconds=measuring.min_seconds, emulation_note=emulation.note if emulation else None,
+            warmup=measuring.warmup, min_seconds=measuring.min_seconds,
+            emulation_note=emulation.note if emulation else None,
             cpus=emulation.cpus if emulation else None, max_isa=emulation.max_isa if emulation else None,
             input_shapes={**target.input_shapes, **(input_shapes or {})}, target=target.name,
         )

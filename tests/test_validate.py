@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 
@@ -224,8 +223,9 @@ def test_a_runtime_crash_under_the_isa_cap_drops_the_cap_and_says_so(tiny_ir, tm
         "import os, signal\nif os.environ.get('ONEDNN_MAX_CPU_ISA'):\n    os.kill(os.getpid(), signal.SIGSEGV)\n")
     monkeypatch.setenv("PYTHONPATH", str(hook))
     report = validate_artifact(tiny_ir, RuntimeSettings(threads=1), Budgets(), runs=5, min_seconds=0,
-                               emulation_note="emulated", max_isa="AVX2")
+                               emulation_note="emulated on h: 1 threads; ISA capped to AVX2 (ONEDNN_MAX_CPU_ISA)",
+                               max_isa="AVX2")
     assert report.latency.runs >= 5
-    assert report.emulation_note == "emulated; ISA cap dropped for this model (see notes)"
+    assert report.emulation_note == "emulated on h: 1 threads; ISA cap dropped for this model (see notes)"
     assert any(note.startswith("the AVX2 ISA cap was dropped for this model: OpenVINO could not run it with oneDNN "
                                "capped (the measuring process failed (exit -11)") for note in report.notes)
