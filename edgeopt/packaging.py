@@ -68,7 +68,7 @@ def package(artifact: str | Path, target: str | Path | Target, out: str | Path, 
     signer = sign if sign is None or isinstance(sign, Signer) else Signer(sign)  # a bad key fails before measuring
     golden_set = load_golden(golden) if golden is not None else None  # a bad golden set fails before measuring
     primary = model_in(artifact, target.settings.runtime)
-    compress_report = _compress_report(artifact)
+    compress_report, compress_report_path = _compress_report(artifact)
     models = _models(artifact, primary, formats, target.settings.runtime)
     checked_golden = _check_golden(golden_set, models, primary, target) if golden_set is not None else None
     validation = _load_report(report, primary, target) if report is not None else \
@@ -80,7 +80,7 @@ def package(artifact: str | Path, target: str | Path | Target, out: str | Path, 
     files: dict[str, bytes | Path] = {f.name: f for model in models for f in _model_files(model)}
     files[VALIDATION] = canonical_json(validation)
     if compress_report is not None:
-        files[COMPRESS_REPORT] = artifact / "report.json"
+        files[COMPRESS_REPORT] = compress_report_path
     provenance = bundle_provenance(compress_report, target, tool_versions())
     subjects = {f.name: file_entry(f) for model in models for f in _model_files(model)}
     if golden_set is not None:
@@ -185,21 +185,29 @@ def _tensor(spec) -> dict:
     return {"name": spec.name, "shape": list(spec.shape), "dtype": spec.dtype}
 
 
-def _compress_report(artifact: Path) -> dict | None:
-    """The folder's ``report.json`` from ``edgeopt compress``, if any; its quality gate must have passed."""
-    path = artifact / "report.json" if artifact.is_dir() else None
-    if path is None or not path.is_file():
-        return None
+def _compress_report(artifact: Path) -> tuple[dict | None, Path | None]:
+    """The ``report.json`` of the ``edgeopt compress`` that wrote the artifact, and its path: the folder's, or for
+    a model file the one beside it that lists the file among its artifacts (so packaging one file of a compress
+    folder keeps its quality gate); (None, None) when there is none. Its quality gate must have passed."""
+    path = artifact / "report.json" if artifact.is_dir() else artifact.parent / "report.json"
+    if not path.is_file():
+        return None, None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        if not artifact.is_dir():
+            return None, None  # a file of the user's beside the model, not edgeopt's
         raise BadInputError(f"{path}: not a readable compress report ({first_line(exc)})") from exc
+    listed = isinstance(data, dict) and any(isinstance(entry, dict) and entry.get("path") == artifact.name
+                                            for entry in data.get("artifacts") or [])
+    if not artifact.is_dir() and not ("recipe" in data and listed):
+        return None, None
     if not isinstance(data, dict) or "recipe" not in data:
         raise BadInputError(f"{path}: not a compress report (no 'recipe')")
     quality = data.get("quality") or {}
     if quality.get("passed") is False:
         raise QualityGateError(f"{path}: the artifact failed its quality gate; not packaged")
-    return data
+    return data, path
 
 
 def _quality(compress_report: dict | None, models: list[Path]) -> dict | None:
@@ -207,7 +215,8 @@ def _quality(compress_report: dict | None, models: list[Path]) -> dict | None:
     if not quality or not quality.get("original"):
         return None
     names = {file_format(m).name for m in models}
-    return {"gate": quality.get("gate"), "original": quality.get("original"), "evaluated_with": quality.get("evaluated_with"),
+    return {"gate": quality.get("gate"), "original": quality.get("original"),
+            "evaluated_with": quality.get("evaluated_with"),
             "artifacts": {k: v for k, v in (quality.get("artifacts") or {}).items() if k in names}}
 
 

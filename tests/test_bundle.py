@@ -195,6 +195,23 @@ def test_package_refuses_failed_budget_and_gate(tmp_path, tmp_path_factory, cli)
     (failed_gate / "report.json").write_text(json.dumps(report))
     result = cli("package", failed_gate, "--target", loose_target(tmp_path_factory), "--out", out, *FAST)
     assert result.exit_code == 3 and "quality gate" in result.output and not out.exists()
+    # one file of that folder: the report beside it that lists it still holds the gate
+    result = cli("package", failed_gate / "model.xml", "--target", loose_target(tmp_path_factory), "--out", out,
+                 *FAST)
+    assert result.exit_code == 3 and "quality gate" in result.output and not out.exists()
+    unlisted = tmp_path / "unlisted"
+    unlisted.mkdir()
+    for f in ("model.xml", "model.bin"):
+        (unlisted / f).write_bytes((artifact / f).read_bytes())
+    (unlisted / "report.json").write_text(json.dumps({"recipe": {}, "artifacts": [], "quality": {"passed": False}}))
+    result = cli("package", unlisted / "model.xml", "--target", loose_target(tmp_path_factory), "--out", out, *FAST)
+    assert result.exit_code == 0, result.output  # a report that does not list the file is not its report
+    assert open_bundle(out).manifest["quality"] is None
+    result = cli("package", artifact / "model.xml", "--target", loose_target(tmp_path_factory), "--out", out,
+                 "--force", *FAST)
+    assert result.exit_code == 0, result.output
+    assert open_bundle(out).manifest["quality"]["artifacts"]["openvino"]["passed"]  # the folder's report, kept
+    out.unlink()
     # A report measured for another target's budgets is not bundled under this one.
     result = cli("package", artifact, "--target", tight, "--out", out, "--report", digits_report(tmp_path_factory))
     assert result.exit_code == 2 and "other budgets" in result.output and not out.exists()
