@@ -15,7 +15,7 @@ from pathlib import Path
 
 from edgeopt import __version__
 from edgeopt.bundle_writer import file_entry, write_bundle
-from edgeopt.device.bundle_reader import SCHEMA, canonical_json
+from edgeopt.device.bundle_reader import SCHEMA, canonical_json, check_member_name
 from edgeopt.device.formats import FILE_FORMATS, file_format
 from edgeopt.device.golden import FILES as GOLDEN_FILES
 from edgeopt.device.golden import GoldenSet, load_golden
@@ -79,10 +79,16 @@ def package(artifact: str | Path, target: str | Path | Target, out: str | Path, 
     validation = validation | {"artifact": primary.name}
     files: dict[str, bytes | Path] = {f.name: f for model in models for f in _model_files(model)}
     files[VALIDATION] = canonical_json(validation)
+    companions = _companions(compress_report, compress_report_path)
+    if set(companions) & (set(files) | {COMPRESS_REPORT, STATEMENT}):
+        raise BadInputError(f"{artifact}: a companion file is named like a bundle file "
+                            f"({', '.join(sorted(set(companions) & (set(files) | {COMPRESS_REPORT, STATEMENT})))})")
+    files |= companions
     if compress_report is not None:
         files[COMPRESS_REPORT] = compress_report_path
     provenance = bundle_provenance(compress_report, target, tool_versions())
     subjects = {f.name: file_entry(f) for model in models for f in _model_files(model)}
+    subjects |= {name: file_entry(path) for name, path in companions.items()}
     if golden_set is not None:
         golden_files = {f"{GOLDEN_DIR}/{name}": golden_set.root / name for name in GOLDEN_FILES
                         if (golden_set.root / name).is_file()}
@@ -208,6 +214,19 @@ def _compress_report(artifact: Path) -> tuple[dict | None, Path | None]:
     if quality.get("passed") is False:
         raise QualityGateError(f"{path}: the artifact failed its quality gate; not packaged")
     return data, path
+
+
+def _companions(compress_report: dict | None, path: Path | None) -> dict[str, Path]:
+    """The files the compress report says its artifacts need beside them (a Hugging Face folder's config and
+    tokenizer), by bundle name; each must still be there."""
+    found = {}
+    for name in (compress_report or {}).get("companions") or []:
+        companion = path.parent / name
+        check_member_name(name, str(path))
+        if not companion.is_file():
+            raise BadInputError(f"{path.parent}: {name}, which the artifacts need beside them, is missing")
+        found[name] = companion
+    return found
 
 
 def _quality(compress_report: dict | None, models: list[Path]) -> dict | None:

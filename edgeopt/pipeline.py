@@ -70,6 +70,7 @@ class CompressResult:
     decisions: dict = field(default_factory=dict)  # measured choices passes made (e.g. the ONNX INT8 backend)
     vs_fp32: dict[str, VsFp32] = field(default_factory=dict)  # per format: size and p50 against FP32
     golden: dict[str, GoldenResult] = field(default_factory=dict)  # per format: against the golden set (--golden)
+    companions: list[str] = field(default_factory=list)  # files the artifacts need beside them (a tokenizer)
 
     @property
     def flagged(self) -> dict[str, list[str]]:
@@ -127,6 +128,7 @@ class CompressResult:
             "decisions": self.decisions,
             "vs_fp32": {fmt: v.describe() for fmt, v in self.vs_fp32.items()},
             "flagged": self.flagged,
+            "companions": self.companions or None,
         })
 
 
@@ -256,6 +258,7 @@ def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target
                 result.notes.insert(0, pinned.note())
             if left_out:
                 result.notes.insert(0, left_out)
+            result.companions = companions
             if companions:
                 result.notes.append(f"beside the artifacts, from {loaded.path}: {', '.join(companions)}")
             if reopened:

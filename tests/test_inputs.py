@@ -11,10 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from bundle_support import FAST, LOOSE_TAIL, LOOSE_TARGET, members
 from torch import nn
 
 from edgeopt.batch_axes import model_batch_axis, parse_batch_axes
 from edgeopt.data import load_samples
+from edgeopt.device.bundle_reader import open_bundle
 from edgeopt.device.runtime import TensorSpec
 from edgeopt.errors import BadInputError
 from edgeopt.source import load_model
@@ -255,6 +257,16 @@ def test_hugging_face_folder_compresses_with_text_calibration(tmp_path, hf_folde
     assert (out / "config.json").read_bytes() == (hf_folder / "config.json").read_bytes()
     assert {"tokenizer.json", "tokenizer_config.json"} <= {p.name for p in out.iterdir()}
     assert any(note.startswith(f"beside the artifacts, from {hf_folder}: config.json, ") for note in report["notes"])
+    assert "tokenizer.json" in report["companions"]
+    bundle = tmp_path / "bert.tar.gz"  # the bundle carries them, checksummed and in the provenance statement
+    target = tmp_path / "loose.toml"
+    target.write_text(LOOSE_TARGET.format(runtime="openvino") + LOOSE_TAIL.split("[model]")[0])
+    packaged = cli("package", out, "--target", target, "--out", bundle, *FAST)
+    assert packaged.exit_code == 0, packaged.output
+    checked = open_bundle(bundle)
+    assert set(report["companions"]) <= set(checked.manifest["files"])
+    statement = json.loads(dict((i.name, d) for i, d in members(bundle))["provenance.intoto.json"])
+    assert {"config.json", "tokenizer.json"} <= {subject["name"] for subject in statement["subject"]}
     _onnx_takes_any_batch_and_length(out / "model.onnx", hf_folder, report["decisions"]["dynamic_axes"]["onnx"])
     assert report["decisions"]["dynamic_axes"]["openvino"]["fixed"] == []
 

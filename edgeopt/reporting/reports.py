@@ -69,6 +69,7 @@ class CompressReport(_Report):
     decisions: dict = field(default_factory=dict)  # measured choices passes made (e.g. "onnx_int8")
     vs_fp32: dict = field(default_factory=dict)  # per format: size and p50 against FP32 (VsFp32.describe())
     flagged: dict = field(default_factory=dict)  # per format: ["larger", "slower"] against FP32
+    companions: list[str] | None = _optional()  # files beside the artifacts they need (a Hugging Face tokenizer)
 
 
 @dataclass
