@@ -132,7 +132,12 @@ def load_samples(spec: str | Path, inputs: list[TensorSpec], tokenizer=None) -> 
     if not samples:
         raise BadInputError(f"{text}: the data set is empty")
     if labels is not None and len(labels) != len(samples):
-        raise BadInputError(f"{text}: {len(labels)} labels for {len(samples)} samples")
+        rows = {spec.shape[spec.batch_dim] for spec in inputs if spec.batch_dim is not None}
+        batch = rows.pop() if len(rows) == 1 else 1
+        per_row = (f" (the model takes {batch} rows at a time, so the data's rows are {len(samples)} samples; "
+                   f"labels are scored one per sample: compress at batch 1 to score them per row)"
+                   if batch > 1 and len(labels) == len(samples) * batch else "")
+        raise BadInputError(f"{text}: {len(labels)} labels for {len(samples)} samples{per_row}")
     if targets is not None and len(targets) != len(samples):
         raise BadInputError(f"{text}: {len(targets)} targets for {len(samples)} samples")
     labels = None if labels is None else _labels(text, labels)

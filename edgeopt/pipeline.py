@@ -264,6 +264,10 @@ def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target
             if reopened:
                 result.decisions["dynamic_axes"] = {name: check.describe() for name, check in reopened.items()}
             result.notes.extend(_fixed_dims_notes(source.fixed_dims(), reopened, unchecked))
+            if loaded.kind == "torch" and not loaded.declared_inputs:
+                result.notes.append("the artifacts run at the PyTorch example's input sizes only ("
+                                    + ", ".join(f"{s.name} {list(s.shape)}" for s in loaded.inputs)
+                                    + "): a factory's example fixes every dimension; --input-shape sets others")
             with timer("vs fp32"):
                 result.vs_fp32 = compare_with_fp32(artifacts, baseline.graphs.get("openvino"),
                                                    baseline.graphs.get("onnx"),

@@ -188,6 +188,10 @@ def parse_input_shapes(values: tuple[str, ...] | list[str]) -> dict[str, tuple[i
             shapes[name.strip()] = tuple(int(d) for d in dims.split(","))
         except ValueError:
             raise BadInputError(f"--input-shape '{value}': expected NAME=D1,D2,... (e.g. input=1,3,32,32)") from None
+        if any(d < 1 for d in shapes[name.strip()]):
+            raise BadInputError(f"--input-shape '{value}': every dimension must be a size of at least 1 (the size "
+                                f"to calibrate and run at; a dimension the model declares dynamic stays so where "
+                                f"the artifact runs at other sizes)")
     return shapes
 
 
@@ -406,12 +410,14 @@ def _load_torch_archive(path: Path, input_shapes: dict) -> SourceModel:
         if not input_shapes:
             raise BadInputError(f"{path}: give the input shapes with --input-shape NAME=D1,D2,...")
         example = tuple(torch.zeros(shape) for shape in input_shapes.values())
-    return torch_source(path, module, example, input_shapes)
+    return torch_source(path, module, example, input_shapes, shapes_name_inputs=True)
 
 
-def torch_source(path: Path, module, example, input_shapes: dict, **extra) -> SourceModel:
+def torch_source(path: Path, module, example, input_shapes: dict, *, shapes_name_inputs: bool = False,
+                 **extra) -> SourceModel:
     """A ``SourceModel`` for a torch module and its example input (``edgeopt.torch_inputs`` forms);
-    ``input_shapes`` replaces the example's shapes by input name (all of them: by position, naming the inputs)."""
+    ``input_shapes`` replaces the example's shapes by input name. ``shapes_name_inputs`` (an archive, whose
+    inputs have no names of their own): shapes for all of them under other names name them, by position."""
     import torch
 
     where = str(path)
@@ -422,7 +428,7 @@ def torch_source(path: Path, module, example, input_shapes: dict, **extra) -> So
     else:
         call = torch_call(module, example, where)
         module, example, names = call.module, call.example, call.input_names
-    if input_shapes and len(input_shapes) == len(example) and not set(input_shapes) <= set(names):
+    if shapes_name_inputs and len(input_shapes) == len(example) and not set(input_shapes) <= set(names):
         names = list(input_shapes)  # positional: the shapes name the inputs
         example = tuple(torch.zeros(shape, dtype=t.dtype) for shape, t in zip(input_shapes.values(), example))
     elif input_shapes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,9 +18,14 @@ def is_function_spec(text: str) -> bool:
 
 
 def load_function(path: Path, name: str, what: str) -> Callable:
-    """Import the Python file ``path`` and return its function ``name``; every failure is a ``BadInputError``."""
+    """Import the Python file ``path`` and return its function ``name``; every failure is a ``BadInputError``.
+    The file's folder comes first on ``sys.path``, as ``python path`` puts it, so the file (and the function,
+    when called) can import its neighbours."""
     if not path.is_file():
         raise BadInputError(f"{path}: no such {what} file")
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     try:
         module = import_file(path, "edgeopt_user")
     except Exception as exc:

@@ -342,3 +342,35 @@ def test_a_length_the_model_cannot_double_stays_fixed(tmp_path, hf_folder, cli):
     decided = json.loads((out / "report.json").read_text())["decisions"]["dynamic_axes"]["onnx"]
     assert decided["opened"] == ["input_ids[0]", "token_type_ids[0]", "attention_mask[0]"]
     assert "input_ids[1] = 40" in decided["fixed"] and "the source does not run at input_ids=2,80" in decided["reason"]
+
+
+def test_a_factory_imports_its_neighbours_and_input_shapes_name_its_inputs(tmp_path, cli):
+    """As ``python factory.py`` would, a factory imports modules beside it; ``--input-shape`` must name the
+    example's inputs (a typo is refused, not taken as a new name) and give sizes of at least 1."""
+    (tmp_path / "net.py").write_text("import torch\nclass Net(torch.nn.Module):\n"
+                                     "    def __init__(self):\n        super().__init__()\n"
+                                     "        self.fc = torch.nn.Linear(16, 4)\n"
+                                     "    def forward(self, x):\n        return self.fc(x)\n")
+    (tmp_path / "factory.py").write_text("import torch\nfrom net import Net\n"
+                                         "def build():\n    return Net(), torch.zeros(1, 16)\n")
+    factory = f"{tmp_path / 'factory.py'}:build"
+    assert load_model(factory).input_names == ["input"]
+    assert load_model(factory, {"input": (8, 16)}).inputs[0].shape == (8, 16)
+    with pytest.raises(BadInputError, match="--input-shape names unknown input.*foo.*inputs are input"):
+        load_model(factory, {"foo": (8, 16)})
+    result = cli("compress", factory, "--calib", tmp_path / "c.npz", "--input-shape", "input=-1,16",
+                 "--out", tmp_path / "o")
+    assert result.exit_code == 2 and "every dimension must be a size of at least 1" in result.output, result.output
+
+    rows = np.random.default_rng(0).random((32, 16), dtype=np.float32)
+    np.savez(tmp_path / "c.npz", input=rows)
+    np.savez(tmp_path / "e.npz", input=rows, labels=np.arange(32) % 4)
+    out = tmp_path / "out"
+    result = cli("compress", factory, "--calib", tmp_path / "c.npz", "--out", out, "--format", "openvino")
+    assert result.exit_code == 0, result.output
+    notes = json.loads((out / "report.json").read_text())["notes"]
+    assert "the artifacts run at the PyTorch example's input sizes only (input [1, 16])" in " ".join(notes)
+    result = cli("compress", factory, "--calib", tmp_path / "c.npz", "--eval", tmp_path / "e.npz",
+                 "--input-shape", "input=8,16", "--out", tmp_path / "o8")
+    assert result.exit_code == 2, result.output
+    assert "32 labels for 4 samples (the model takes 8 rows at a time" in result.output
