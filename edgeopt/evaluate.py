@@ -74,9 +74,11 @@ class QualityGate:
     max_perplexity_ratio: float = 1.1
     outputs: tuple[str, ...] = ()  # the outputs that matter (default: every output)
     metric: MetricSpec | None = None  # the user's task metric (replaces top-1, cosine and token checks)
+    cosine_on_labelled: bool = False  # the cosine also on the output top-1 is scored on (a --min-cosine given)
 
     def describe(self) -> dict:
         return {"max_top1_drop": self.max_drop, "min_cosine": self.min_cosine, "outputs": list(self.outputs) or "all",
+                "cosine_on_labelled_output": self.cosine_on_labelled,
                 "language_model": {"min_token_agreement": self.min_token_agreement,
                                    "max_perplexity_ratio": self.max_perplexity_ratio},
                 "metric": self.metric.describe() if self.metric else None}
@@ -93,7 +95,7 @@ class QualityGate:
 
     def check(self, reference: Quality, candidate: Quality) -> tuple[bool, str]:
         """Top-1 drop on the labelled output when labels exist; cosine on every other gated output (the worst
-        one decides); with a task metric, the metric alone."""
+        one decides; on the labelled one too with ``cosine_on_labelled``); with a task metric, the metric alone."""
         checked = self.metric_check(reference, candidate)
         if checked is not None:
             return checked.passed, checked.message()
@@ -103,7 +105,8 @@ class QualityGate:
             drop = reference.top1 - candidate.top1
             verdict = drop <= self.max_drop + 1e-12
             parts.append(f"top-1 drop {drop * 100:.2f} pp (max {self.max_drop * 100:.2f} pp)")
-            gated = [f for f in gated if f.output != candidate.top1_output]
+            if not self.cosine_on_labelled:
+                gated = [f for f in gated if f.output != candidate.top1_output]
         if gated:
             worst = min(gated, key=lambda f: f.cosine)
             where = f" on output '{worst.output}' (worst of {len(gated)})" if len(gated) > 1 else ""

@@ -109,6 +109,13 @@ def test_gate_with_labels_checks_top1_and_the_other_outputs():
     assert not ok and "top-1 drop 0.00 pp" in message and "landmarks" in message
     ok, _ = QualityGate(outputs=("box", "prob")).check(reference, candidate)
     assert ok  # prob is judged by its labels, box by cosine; landmarks is not gated
+    # a --min-cosine given on the command line judges the labelled output too
+    from edgeopt.cli.gate_options import quality_gate
+
+    assert not quality_gate(None, None, 0.9, 1.1).cosine_on_labelled
+    given = quality_gate(None, 0.99, 0.9, 1.1, "box,prob")
+    ok, message = given.check(reference, candidate)
+    assert given.cosine_on_labelled and not ok and "cosine 0.20000 (min 0.99) on output 'prob'" in message
 
 
 class SdpaEncoder(nn.Module):

@@ -83,7 +83,9 @@ def int8(model: WorkingModel, ctx: PassContext, config: Int8Config) -> None:
         model.graphs["onnx"] = picked.model
         model.decisions["onnx_int8"] = picked.describe()
         model.notes.append(f"onnx int8: {picked.backend} backend, {picked.reason} "
-                           f"({', '.join(_summary(c) for c in picked.candidates)}; FP32 p50 {picked.fp32_p50_ms} ms)")
+                           f"({', '.join(_summary(c) for c in picked.candidates)}; x FP32 = of the normalised "
+                           f"FP32 graph they are built on, p50 {picked.fp32_p50_ms} ms; vs_fp32 compares with the "
+                           f"unnormalised one)")
 
 
 def _declared_dynamic(model: WorkingModel) -> dict[str, list[int]] | None:
