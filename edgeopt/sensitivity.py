@@ -337,6 +337,12 @@ def _output_noise(fp32_model, quantized_model, groups: dict,
     return figures
 
 
+def format_noise_db(value: float | None) -> str:
+    """An added-noise figure for a table: "none" at ``CAP_DB`` (the output is no noisier than the inputs), "-"
+    unmeasured."""
+    return "-" if value is None else "none" if value >= CAP_DB else f"{value:.1f}"
+
+
 def _db(ratio: float) -> float:
     """A noise-to-signal ratio as an SQNR in dB, ``CAP_DB`` for none."""
     return min(CAP_DB, 10 * np.log10(1 / ratio)) if ratio > 0 else CAP_DB

@@ -86,6 +86,8 @@ def print_compress_result(result) -> None:
 
 def print_repair(repair: dict, out: Console, count: int = 10) -> None:
     """The repair ladder's rungs and the most sensitive operations (those left in float marked)."""
+    from edgeopt.sensitivity import format_noise_db
+
     table = Table(title="int8 repair: rungs", box=box.SIMPLE_HEAD, pad_edge=False)
     for column in ("rung", "gate", "check", "s"):
         table.add_column(column)
@@ -108,7 +110,7 @@ def print_repair(repair: dict, out: Console, count: int = 10) -> None:
             table.add_row(str(rank), op["label"], op["op_type"],
                           f"({op['screen_gain']:+.4f})" if op["gain"] is None else f"{op['gain']:+.4f}",
                           f"{min(op['sqnr_db'].values()):.1f}" if op["sqnr_db"] else "-",
-                          "-" if op["screen_noise_db"] is None else f"{op['screen_noise_db']:.1f}",
+                          format_noise_db(op["screen_noise_db"]),
                           "-" if op["range_ratio"] is None else f"{op['range_ratio']:.3g}",
                           "-" if op["clipped"] is None else f"{op['clipped']:.2%}", "yes" if op["name"] in kept else "")
         Console(highlight=False, width=max(out.width, 130)).print(table)

@@ -70,6 +70,8 @@ def _cell(text: str) -> str:
 def render_repair(repair: dict, chart: bytes | None) -> str:
     """The ``int8_repair`` decision of a compress run as one self-contained page: rungs, the operations left in
     float, the worst-layers chart and the ranking."""
+    from edgeopt.sensitivity import format_noise_db
+
     rows = [[r["rung"], "PASS" if r["passed"] else "FAIL", r["check"], f"{r['seconds']:.1f} s"] for r in repair["rungs"]]
     parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>edgeopt int8 repair</title>"
              f"<style>{_CSS}</style></head><body><h1>edgeopt int8 repair</h1>",
@@ -84,7 +86,7 @@ def render_repair(repair: dict, chart: bytes | None) -> str:
             ["rank", "operation", "type", "gain", "SQNR dB", "added noise dB", "range ratio", "clipped"],
             [[str(op["rank"]), _operation(op), op["op_type"], _figure(op["gain"]),
               ", ".join(f"{v:.1f}" for v in (op["sqnr_db"] or {}).values()) or "screened",
-              _figure(op["screen_noise_db"]), _figure(op["range_ratio"]), _figure(op["clipped"])]
+              format_noise_db(op["screen_noise_db"]), _figure(op["range_ratio"]), _figure(op["clipped"])]
              for op in repair["float_ops"]])]
     if chart:
         data = base64.b64encode(chart).decode("ascii")
@@ -97,7 +99,7 @@ def render_repair(repair: dict, chart: bytes | None) -> str:
              "range ratio", "clipped"],
             [[_operation(op), op["op_type"], _figure(op["score"]) if op["probed"] else "screened only",
               _figure(op["gain"]), _figure(op["screen_gain"]), _figure(op["screen_sqnr_db"]),
-              _figure(op["screen_noise_db"]),
+              format_noise_db(op["screen_noise_db"]),
               _figure(op["range_ratio"]), _figure(op["clipped"])] for op in sensitivity["ranked"]])]
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
