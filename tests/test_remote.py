@@ -291,6 +291,41 @@ def test_import_device_results_checks_the_bundle(cli, tmp_path_factory, tmp_path
     assert wrong.exit_code == 2 and "refused" in wrong.stderr and "sha256" in wrong.stderr
 
 
+def test_the_device_validator_on_another_machine_reads_emulated(cli, tmp_path_factory, tmp_path):
+    """A bundle for an aarch64 board validated on this x86 host: the device validator says its figures are this
+    host's (never a PASS), and a result imported from it is no device figure for --require-device."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    from edgeopt.device.bundle_reader import open_bundle
+
+    board = tmp_path / "board.toml"
+    board.write_text('extends = "base-x86"\ndescription = "an arm board"\n[device]\nname = "arm board"\n'
+                     'cpu = "Cortex-A76"\narch = "aarch64"\ncores = 2\nmemory_mb = 4096\nisa = []\n'
+                     '[runtime]\nname = "openvino"\nthreads = 2\n' + LOOSE_TAIL)
+    bundle = tmp_path / "arm.tar.gz"
+    packaged = cli("package", digits_artifact(tmp_path_factory), "--target", board, "--out", bundle, *FAST)
+    assert packaged.exit_code == 0, packaged.output
+    assert open_bundle(bundle).manifest["validation"]["emulated"]
+    run = subprocess.run([sys.executable, "-m", "edgeopt.device", "validate", str(bundle), *FAST, "--json",
+                          str(tmp_path / "results.json")], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert run.returncode in (0, 4), run.stderr  # 4: an emulated figure over budget on a busy host
+    result = json.loads((tmp_path / "results.json").read_text())
+    assert result["emulation_note"].startswith(f"not the profiled device (arm board): the host is "
+                                               f"{host_info().machine}, the device aarch64")
+    assert all(c["status"] == "emulated" for c in result["checks"] if c["name"] != "max_file_mb")
+    assert "PASS  p50_ms" not in run.stdout
+    required = cli("validate", bundle, "--import", tmp_path / "results.json", "--require-device", "--quiet")
+    assert required.exit_code == 5 and "--require-device: no device figures" in required.stderr
+    legacy = {**result, "emulation_note": None}  # a result from a validator that did not check its host
+    (tmp_path / "legacy.json").write_text(json.dumps(legacy))
+    required = cli("validate", bundle, "--import", tmp_path / "legacy.json", "--require-device", "--quiet")
+    assert required.exit_code == 5, required.output
+
+
 def test_cross_isa_profile_without_device_never_passes_timing(cli, tiny_ir, tmp_path):
     result = cli("validate", tiny_ir, "--target", "raspberry-pi-5", *FAST, "--json", tmp_path / "r.json",
                  "--junit", tmp_path / "r.xml", "--input-shape", "input=1,1,8,8")

@@ -102,6 +102,7 @@ def validate(artifact, target, device_spec, import_path, require_device, runs, w
 
 def _imported(bundle: str, results: str, target: str | None):
     """A device's results for ``bundle``, judged against ``target``'s budgets (default: the bundle's own)."""
+    from edgeopt.device.__main__ import not_the_device
     from edgeopt.device.budgets import Budgets
     from edgeopt.device.bundle_reader import open_bundle
     from edgeopt.remote.results import check_bundle, read_result, to_report
@@ -112,8 +113,11 @@ def _imported(bundle: str, results: str, target: str | None):
     manifest = open_bundle(bundle).manifest
     budgets = load_target(target).budgets if target else Budgets.from_dict(manifest["target"]["budgets"])
     host = data["host"]
-    note = (f"imported from {results}: measured on the device ({host['cpu_model']}, {host['machine']}, "
-            f"{host['os']}) on bundle sha256 {data['bundle']['sha256']}")
+    other = not_the_device(manifest["target"]["device"], host["machine"], host["cpu_model"])
+    note = (f"imported from {results}: measured {'on ' + host['cpu_model'] if other else 'on the device'} "
+            f"({host['cpu_model']}, {host['machine']}, {host['os']}) on bundle sha256 {data['bundle']['sha256']}")
+    if other and data["emulation_note"] is None:  # a result from a validator that did not check its host
+        data = data | {"emulation_note": f"not the profiled device ({manifest['target']['device']['name']}): {other}"}
     return to_report(data, budgets, device_note=note)
 
 
