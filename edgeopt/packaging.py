@@ -70,6 +70,7 @@ def package(artifact: str | Path, target: str | Path | Target, out: str | Path, 
     primary = model_in(artifact, target.settings.runtime)
     compress_report, compress_report_path = _compress_report(artifact)
     models = _models(artifact, primary, formats, target.settings.runtime)
+    _check_gate(compress_report, compress_report_path, models)
     checked_golden = _check_golden(golden_set, models, primary, target) if golden_set is not None else None
     validation = _load_report(report, primary, target) if report is not None else \
         validate_on(target, primary, measuring=measuring, input_shapes=input_shapes).to_dict()
@@ -210,10 +211,19 @@ def _compress_report(artifact: Path) -> tuple[dict | None, Path | None]:
         return None, None
     if not isinstance(data, dict) or "recipe" not in data:
         raise BadInputError(f"{path}: not a compress report (no 'recipe')")
-    quality = data.get("quality") or {}
-    if quality.get("passed") is False:
-        raise QualityGateError(f"{path}: the artifact failed its quality gate; not packaged")
     return data, path
+
+
+def _check_gate(compress_report: dict | None, path: Path | None, models: list[Path]) -> None:
+    """Refuse (``QualityGateError``) a bundled model whose format failed the compress run's quality gate or golden
+    set; another format's failure does not stop this one."""
+    quality = (compress_report or {}).get("quality") or {}
+    for model in models:
+        fmt = file_format(model).name
+        verdicts = [entry.get("passed") for entry in ((quality.get("artifacts") or {}).get(fmt),
+                                                      (quality.get("golden") or {}).get(fmt)) if entry]
+        if False in verdicts or (not verdicts and quality.get("passed") is False):
+            raise QualityGateError(f"{path}: {model.name} failed its quality gate; not packaged")
 
 
 def _companions(compress_report: dict | None, path: Path | None) -> dict[str, Path]:

@@ -115,7 +115,7 @@ class CompressResult:
                 "artifacts": {k: {**q.describe(), "passed": self.gate_results[k][0], "check": self.gate_results[k][1],
                                   "metric_check": self._metric_check(q)}
                               for k, q in self.qualities.items()},
-                "passed": self.quality_passed,
+                "passed": self.quality_passed if self.gate_results else None,  # None: nothing was gated
                 **({"golden": {k: g.describe() for k, g in self.golden.items()}} if self.golden else {}),
             },
             "host": host_info().describe(),
@@ -278,6 +278,9 @@ def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target
             if golden_set is not None:
                 with timer("golden"):
                     _check_golden(result, golden_set)
+            if evaluation is None and golden_set is None:
+                result.notes.append("quality not gated: no evaluation data (--eval) or golden set (--golden), so the "
+                                    "artifacts were not compared with the original (report quality.passed is null)")
             if profile is not None and measuring is not None and result.quality_passed:
                 with timer("validate"):
                     result.validations = [validate_on(profile, a.path, measuring=measuring, input_shapes=shapes)

@@ -191,10 +191,15 @@ def test_package_refuses_failed_budget_and_gate(tmp_path, tmp_path_factory, cli)
     for f in artifact.iterdir():
         (failed_gate / f.name).write_bytes(f.read_bytes())
     report = json.loads((artifact / "report.json").read_text())
-    report["quality"]["passed"] = False
+    report["quality"]["passed"] = report["quality"]["artifacts"]["openvino"]["passed"] = False
     (failed_gate / "report.json").write_text(json.dumps(report))
     result = cli("package", failed_gate, "--target", loose_target(tmp_path_factory), "--out", out, *FAST)
-    assert result.exit_code == 3 and "quality gate" in result.output and not out.exists()
+    assert result.exit_code == 3 and "model.xml failed its quality gate" in result.output and not out.exists()
+    # the ONNX file passed its own gate: only the IR failed
+    result = cli("package", failed_gate / "model.onnx", "--target", loose_target(tmp_path_factory, "onnxruntime"),
+                 "--out", out, *FAST)
+    assert result.exit_code == 0, result.output
+    out.unlink()
     # one file of that folder: the report beside it that lists it still holds the gate
     result = cli("package", failed_gate / "model.xml", "--target", loose_target(tmp_path_factory), "--out", out,
                  *FAST)

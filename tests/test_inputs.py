@@ -368,8 +368,10 @@ def test_a_factory_imports_its_neighbours_and_input_shapes_name_its_inputs(tmp_p
     out = tmp_path / "out"
     result = cli("compress", factory, "--calib", tmp_path / "c.npz", "--out", out, "--format", "openvino")
     assert result.exit_code == 0, result.output
-    notes = json.loads((out / "report.json").read_text())["notes"]
-    assert "the artifacts run at the PyTorch example's input sizes only (input [1, 16])" in " ".join(notes)
+    report = json.loads((out / "report.json").read_text())
+    assert "the artifacts run at the PyTorch example's input sizes only (input [1, 16])" in " ".join(report["notes"])
+    assert report["quality"]["passed"] is None  # no --eval: nothing gated, and the report says so
+    assert any(note.startswith("quality not gated: no evaluation data") for note in report["notes"])
     result = cli("compress", factory, "--calib", tmp_path / "c.npz", "--eval", tmp_path / "e.npz",
                  "--input-shape", "input=8,16", "--out", tmp_path / "o8")
     assert result.exit_code == 2, result.output
