@@ -438,15 +438,20 @@ def _activation_ranges(fp32_model, quantized_model, samples: SampleSet) -> dict[
         return {}
     probe = fp32_model.clone()
     probe_ops = {op.get_friendly_name(): op for op in probe.get_ops()}
-    first_added = len(probe.outputs)
     keys = sorted(watched)
     probe.add_outputs([probe_ops[watched[k][0]].output(watched[k][1]) for k in keys])
+    # by tensor, not by position: a tensor that is a model output already, or one two quantizers watch, is
+    # added once (or not at all)
+    position = {}
+    for index, result in enumerate(probe.outputs):
+        produced = result.get_node().input_value(0)
+        position.setdefault((produced.get_node().get_friendly_name(), produced.get_index()), index)
     predict = compiled_predictor(probe)
     collected = {k: [] for k in keys}
     for sample in samples.samples:
-        values = predict(sample)[first_added:]
-        for key, value in zip(keys, values):
-            collected[key].append(value)
+        values = predict(sample)
+        for key in keys:
+            collected[key].append(values[position[watched[key][:2]]])
     figures = {}
     for key in keys:
         _, _, low, high, axis = watched[key]

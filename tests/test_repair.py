@@ -254,3 +254,27 @@ def test_repair_keeps_the_transformers_smooth_quant_choice_on_later_rungs(cli, t
     if result.exit_code == 0:
         recipe = tomllib.loads((tmp_path / "out" / "recipe.toml").read_text())
         assert recipe["step"][0]["smooth_quant_alpha"] in (chosen, 0.5)
+
+
+def test_activation_ranges_of_a_tensor_that_is_also_a_model_output(tmp_path):
+    """A quantizer on a tensor the model also returns (basic-pitch's contour feeds its note head): the probe
+    cannot add that output again, so ranges are read by tensor, not by position (was an IndexError, exit 1)."""
+    from edgeopt.data import load_samples
+    from edgeopt.formats import FORMATS
+    from edgeopt.passes.quantize import Int8Config, quantize_openvino
+    from edgeopt.sensitivity import _activation_ranges
+    from edgeopt.source import load_model
+
+    (tmp_path / "two.py").write_text(
+        "import torch\nclass Two(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.a, self.b = torch.nn.Conv2d(3, 8, 3), torch.nn.Conv2d(8, 4, 3)\n"
+        "    def forward(self, x):\n        first = torch.relu(self.a(x))\n        return first, self.b(first)\n"
+        "def build():\n    torch.manual_seed(0)\n    return Two().eval(), torch.zeros(1, 3, 12, 12)\n")
+    source = load_model(f"{tmp_path / 'two.py'}:build", {})
+    np.savez(tmp_path / "c.npz", input=np.random.default_rng(0).standard_normal((16, 1, 3, 12, 12), np.float32))
+    samples = load_samples(tmp_path / "c.npz", source.inputs)
+    fp32 = FORMATS["openvino"].from_torch(source.torch_module, source.example_input, source.input_names,
+                                          source.output_names)
+    int8 = quantize_openvino(fp32, None, samples, Int8Config(), compress_weights=False).model
+    ranges = _activation_ranges(fp32, int8, samples)
+    assert len(ranges) >= 2 and all(ratio >= 1 and 0 <= clipped <= 1 for ratio, clipped in ranges.values())
