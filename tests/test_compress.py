@@ -195,3 +195,27 @@ def test_int8_recipe_file_sets_preset_subset_and_ignored_scope(cli, tmp_path, ti
     bad.write_text('[[step]]\nname = "int8"\nturbo = true\n')
     result = cli("compress", tiny_onnx, "--calib", tiny_calib, "--recipe", bad, "--out", tmp_path / "o2")
     assert result.exit_code == 2 and "unknown parameter(s) turbo" in result.stderr
+
+
+def test_ignored_scope_takes_onnx_node_names_and_refuses_unknown_ones(cli, tmp_path, tiny_calib):
+    """An ONNX Conv named in ignored_scope keeps float weights in the IR too (OpenVINO names its Convolution
+    ``NAME/WithoutBiases`` and gives ``NAME`` to the bias Add, so the name alone left the Conv quantized); a name
+    neither graph has is refused instead of silently ignored."""
+    import openvino as ov
+    import torch
+
+    torch.manual_seed(0)
+    model = tmp_path / "convs.onnx"
+    torch.onnx.export(torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3)).eval(),
+                      (torch.zeros(1, 1, 8, 8),), str(model), dynamo=False, opset_version=13, input_names=["input"])
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text('[[step]]\nname = "int8"\nignored_scope = ["/0/Conv"]\n')
+    out = tmp_path / "out"
+    result = cli("compress", model, "--calib", tiny_calib, "--recipe", recipe, "--out", out, "--quiet")
+    assert result.exit_code == 0, result.output
+    weights = {op.get_friendly_name(): op.input_value(1).get_node().get_type_name()
+               for op in ov.Core().read_model(str(out / "model.xml")).get_ops() if op.get_type_name() == "Convolution"}
+    assert weights == {"/0/Conv/WithoutBiases": "Constant", "/2/Conv/WithoutBiases": "Multiply"}  # float; INT8
+    recipe.write_text('[[step]]\nname = "int8"\nignored_scope = ["no_such_node"]\n')
+    result = cli("compress", model, "--calib", tiny_calib, "--recipe", recipe, "--out", tmp_path / "o2")
+    assert result.exit_code == 2 and "ignored_scope names no operation of the model: no_such_node" in result.output

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from edgeopt.errors import BadInputError, first_line
@@ -65,7 +65,9 @@ class Int8Config(StepConfig):
 @register("int8", Int8Config, stage=GRAPH, formats=("openvino", "onnx"), sets_precision=True,
           summary="INT8 post-training quantization of weights and activations (nncf.quantize)")
 def int8(model: WorkingModel, ctx: PassContext, config: Int8Config) -> None:
-    quantized = quantize_openvino(model.ov_model, model.source.model_type, ctx.calibration, config)
+    ov_scope = _scope_in_openvino(model.ov_model, config.ignored_scope or [], _onnx_node_names(model))
+    quantized = quantize_openvino(model.ov_model, model.source.model_type, ctx.calibration,
+                                  replace(config, ignored_scope=ov_scope or None))
     model.graphs["openvino"] = quantized.model
     model.precision = "int8"
     model.float_weights_fp16 = True
@@ -86,6 +88,34 @@ def int8(model: WorkingModel, ctx: PassContext, config: Int8Config) -> None:
                            f"({', '.join(_summary(c) for c in picked.candidates)}; x FP32 = of the normalised "
                            f"FP32 graph they are built on, p50 {picked.fp32_p50_ms} ms; vs_fp32 compares with the "
                            f"unnormalised one)")
+
+
+def _scope_in_openvino(ov_model, names: list[str], onnx_names: set[str]) -> list[str]:
+    """The OpenVINO operations an ``ignored_scope`` names: the operation of that name, and for a node name of the
+    ONNX graph the operations OpenVINO made of it (``NAME/WithoutBiases``, the Convolution of a Conv whose bias
+    became the Add ``NAME``). A name found in neither graph is refused (NNCF, told not to validate, would ignore
+    it silently)."""
+    ops = [op.get_friendly_name() for op in ov_model.get_ops()]
+    resolved, unknown = [], []
+    for name in names:
+        found = [op for op in ops if op == name or name in onnx_names and op.startswith(f"{name}/")]
+        resolved += found
+        if not found and name not in onnx_names:
+            unknown.append(name)
+    if unknown:
+        raise BadInputError(f"int8 ignored_scope names no operation of the model: {', '.join(unknown)} (names are "
+                            f"the ONNX file's node names or the OpenVINO IR's operation names)")
+    return list(dict.fromkeys(resolved))
+
+
+def _onnx_node_names(model: WorkingModel) -> set[str]:
+    """The node names of the model's ONNX graph (the working one, else an ONNX source file's)."""
+    graph = model.graphs.get("onnx")
+    if graph is None and model.source.kind == "onnx":
+        import onnx
+
+        graph = onnx.load(str(model.source.path), load_external_data=False)
+    return {node.name for node in graph.graph.node} if graph is not None else set()
 
 
 def _declared_dynamic(model: WorkingModel) -> dict[str, list[int]] | None:
