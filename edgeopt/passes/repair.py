@@ -198,7 +198,8 @@ def int8_repair(model: WorkingModel, ctx: PassContext, config: Int8RepairConfig)
         model.notes.append(f"int8_repair: no one-step recipe: {repair.no_recipe}")
         return _finish(model, repair, rung, None, candidate, best[1].note, start)
     islands = ("" if not config.islands else "; no float islands: the device does not run float in FP16/BF16"
-               if island_precision is None else f", nor every operation in {island_precision}")
+               if island_precision is None else f", nor all {len(ranked)} in {island_precision} (quantizers the "
+               f"ranking has no group for, such as those of element-wise and reduction ops, stay)")
     repair.float_reason = (f"none: no k up to {cap} of the {len(ranked)} ranked groups (max_float_share "
                            f"{config.max_float_share:.0%}) passed the gate{islands}; the closest model is kept")
     model.notes.append("int8_repair: no rung passed the quality gate; keeping the closest model "
