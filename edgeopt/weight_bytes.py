@@ -24,15 +24,35 @@ class WeightBytes:
 
 
 def openvino_weight_bytes(model) -> WeightBytes:
-    """Weight bytes of an ``openvino.Model`` (as held in memory; read a saved IR to count what was saved)."""
+    """Weight bytes of an ``openvino.Model``, each distinct constant once, as the IR serialiser stores them (an ONNX
+    initializer several nodes read becomes one Constant per reader in memory, and one blob in the ``.bin``)."""
     by_type: dict[str, int] = {}
+    seen = set()
     for op in model.get_ops():
         if op.get_type_name() != "Constant":
             continue
         kind = op.get_element_type().get_type_name()
-        if kind not in _NOT_WEIGHTS:
-            by_type[kind] = by_type.get(kind, 0) + op.get_byte_size()
+        if kind in _NOT_WEIGHTS:
+            continue
+        key = (kind, _content_digest(op))
+        if key[1] is not None and key in seen:
+            continue
+        seen.add(key)
+        by_type[kind] = by_type.get(kind, 0) + op.get_byte_size()
     return WeightBytes(sum(by_type.values()), by_type)
+
+
+def _content_digest(constant) -> str | None:
+    """A digest of a Constant's bytes (None when they cannot be read as one buffer)."""
+    import hashlib
+
+    import numpy as np
+
+    try:
+        data = np.ascontiguousarray(constant.get_data())
+        return hashlib.blake2b(data.view(np.uint8).ravel(), digest_size=16).hexdigest() + f"/{data.shape}"
+    except Exception:
+        return None
 
 
 def onnx_weight_bytes(model) -> WeightBytes:
