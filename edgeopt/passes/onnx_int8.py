@@ -828,7 +828,7 @@ def _open(built: list[Built], samples: list[dict], reference: list, folder: Path
             session = open_session(path, settings)
             b.cosine = worst_output_cosine([session.infer(s) for s in samples], reference)
         except Exception as exc:
-            b.error = f"ONNX Runtime cannot run it: {first_line(exc)[:200]}"
+            b.error = f"ONNX Runtime cannot run it: {first_line(exc).replace(f'{path}: ', '')[:240]}"
             continue
         b.bytes = path.stat().st_size
         sessions[b.backend] = session

@@ -242,7 +242,7 @@ def compress_quantized_weights(ov_model) -> None:
 
 def _summary(built) -> str:
     if built.error:
-        return f"{built.backend} failed: {built.error[:80]}"
+        return f"{built.backend} failed: {built.error[:160]}" + ("..." if len(built.error) > 160 else "")
     return (f"{built.backend}: cos {built.cosine:.4f}, unfused {built.unfused:.0%}, p50 {built.p50_ms} ms "
             f"({built.p50_ratio}x FP32), {built.bytes} B")
 
