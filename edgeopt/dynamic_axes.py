@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -72,12 +73,15 @@ class Reopened:
 
 
 def reopen(artifact, source, declared: list[TensorSpec], samples: list[dict[str, np.ndarray]],
-           source_feeds: dict[str, np.ndarray] | None = None):
+           source_feeds: dict[str, np.ndarray] | None = None,
+           run_source: Callable[[dict[str, np.ndarray]], list[np.ndarray]] | None = None):
     """``artifact`` (an ``onnx.ModelProto`` or ``openvino.Model`` at the calibrated sizes) with the dynamic
     dimensions of ``declared`` (the source's inputs) declared again where it still matches ``source`` (the ONNX
     file's path, or a ``ModelProto``: a PyTorch model's FP32 export) on the first ``SAMPLES`` of ``samples``
     grown along them; returns ``(model, Reopened)``, or ``(artifact, None)`` when the source declares no dynamic
-    dimension. ``source_feeds``: inputs the source has and the artifact does not (pinned rank-0 values)."""
+    dimension. ``source_feeds``: inputs the source has and the artifact does not (pinned rank-0 values).
+    ``run_source``: the source's outputs for given inputs, in place of ``source`` run in ONNX Runtime (a PyTorch
+    model run itself: its export may hold a size the trace saw, and would agree with the artifact on it)."""
     import onnx
 
     kind = _ONNX if isinstance(artifact, onnx.ModelProto) else _OPENVINO
@@ -92,18 +96,22 @@ def reopen(artifact, source, declared: list[TensorSpec], samples: list[dict[str,
         source_model, what = onnx.load(str(source), load_external_data=False), "the source file"
     batch = {spec.name: [spec.batch_dim] for spec in declared if spec.batch_dim in dynamic.get(spec.name, [])}
     extra = source_feeds or {}
+    runner = "ONNX Runtime" if run_source is None else "the source model"
     try:  # (a model over 2 GB cannot be serialised: protobuf's limit)
-        reference = _session(source.SerializeToString() if isinstance(source, onnx.ModelProto) else str(source))
-        calibrated = [_run(reference, {**s, **extra}) for s in samples]
+        if run_source is None:
+            session = _session(source.SerializeToString() if isinstance(source, onnx.ModelProto) else str(source))
+            run_source = partial(_run, session)
+        calibrated = [run_source({**s, **extra}) for s in samples]
     except Exception as exc:  # the file as it is, unpinned and at dimensions declared 0: not every one runs
         return artifact, Reopened(kind.label, [], _fixed(dynamic, {}, sample), [], None, None, len(samples),
-                                  f"ONNX Runtime does not run {what} as it is ({_line(exc)})")
+                                  f"{runner} does not run {what} as it is ({_line(exc)})"
+                                  if runner == "ONNX Runtime" else f"{runner} does not run as given ({_line(exc)})")
     failures = []
 
     def source_runs(axes: dict[str, list[int]]) -> bool:
         probe = _probe(samples, 0, axes, batch)
         try:
-            _run(reference, {**probe, **extra})
+            run_source({**probe, **extra})
             return True
         except Exception as exc:
             failures.append(f"the source does not run at {format_sizes(_shapes(probe, axes))} ({_line(exc)})")
@@ -117,7 +125,7 @@ def reopen(artifact, source, declared: list[TensorSpec], samples: list[dict[str,
                 continue
             shapes = _shapes(grown[0], axes)
             try:
-                probes.append((shapes, grown, [_run(reference, {**probe, **extra}) for probe in grown]))
+                probes.append((shapes, grown, [run_source({**probe, **extra}) for probe in grown]))
             except Exception as exc:  # twice the size must run; one shorter only where the source takes it
                 if not shrink:
                     failures.append(f"the source does not run at {format_sizes(shapes)} ({_line(exc)})")
@@ -143,9 +151,9 @@ def reopen(artifact, source, declared: list[TensorSpec], samples: list[dict[str,
         fixed = _fixed(dynamic, axes, sample)
         return model, Reopened(kind.label, _names(axes), fixed, [sizes for sizes, _, _ in probes],
                                round(worst.cosine, 6), round(at_calibrated.cosine, 6), len(samples),
-                               "; ".join(failures) if fixed else "")
+                               "; ".join(dict.fromkeys(failures)) if fixed else "")
     return artifact, Reopened(kind.label, [], _fixed(dynamic, {}, sample), [], None, None, len(samples),
-                              "; ".join(failures))
+                              "; ".join(dict.fromkeys(failures)))
 
 
 def _compare(run, shapes: dict[str, list[int]], grown: list[dict[str, np.ndarray]],

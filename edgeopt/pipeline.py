@@ -29,6 +29,7 @@ from edgeopt.evaluate import (
     measure_outputs,
     original_predictor,
     session_predictor,
+    torch_predictor,
 )
 from edgeopt.export import Artifact, save_artifacts, saved_bytes
 from edgeopt.formats import FORMATS, REFERENCE, artifact_weight_bytes, format_of, parse_formats
@@ -313,10 +314,12 @@ def _reopen_dynamic_axes(working: WorkingModel, source: SourceModel, pinned, cal
             source.dynamic_axes())
     except BadInputError as exc:  # the export the check runs as the source; the artifacts do not need it
         return {}, f"no FP32 ONNX export of the model to check other sizes against: {exc}"
+    # a PyTorch model's outputs at other sizes come from the model itself, not from its export
+    run_source = torch_predictor(working.torch_module, source.input_names) if source.kind == "torch" else None
     reopened = {}
     for name in formats:
         working.graphs[name], check = reopen(working.graphs[name], reference, source.declared_inputs, calib.samples,
-                                             pinned_feeds)
+                                             pinned_feeds, run_source)
         if check is not None:
             reopened[name] = check
     return reopened, ""

@@ -174,7 +174,19 @@ def load_model(spec: str | Path, input_shapes: dict[str, tuple[int, ...]] | None
                             f"or a Hugging Face model folder)")
     if source.kind == "torch":
         source.inputs = _with_batch_axes(path, source.inputs, batch_axes)
+        source.declared_inputs = source.declared_inputs or _batch_declared(source.inputs)
     return source
+
+
+def _batch_declared(inputs: list[TensorSpec]) -> list[TensorSpec]:
+    """A PyTorch model's inputs with the batch dynamic, where its example is one batch-1 sample: every input that
+    has a batch axis has it first and at 1 (the check against the model itself decides whether the artifacts
+    keep it; ``edgeopt.dynamic_axes``); none otherwise (a batch on another axis, or an example of several)."""
+    batched = [spec for spec in inputs if spec.batch_dim is not None and len(spec.shape) >= 2]
+    if not batched or any(spec.batch_dim != 0 or spec.shape[0] != 1 for spec in batched):
+        return []
+    return [TensorSpec(spec.name, (None, *spec.shape[1:]) if spec in batched else spec.shape, spec.dtype,
+                       spec.batch_axis) for spec in inputs]
 
 
 def parse_input_shapes(values: tuple[str, ...] | list[str]) -> dict[str, tuple[int, ...]]:

@@ -369,10 +369,40 @@ def test_a_factory_imports_its_neighbours_and_input_shapes_name_its_inputs(tmp_p
     result = cli("compress", factory, "--calib", tmp_path / "c.npz", "--out", out, "--format", "openvino")
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
-    assert "the artifacts run at the PyTorch example's input sizes only (input [1, 16])" in " ".join(report["notes"])
+    # the example is one batch-1 sample: the batch is declared dynamic, and kept where the model itself runs there
+    assert report["decisions"]["dynamic_axes"]["openvino"]["opened"] == ["input[0]"]
     assert report["quality"]["passed"] is None  # no --eval: nothing gated, and the report says so
     assert any(note.startswith("quality not gated: no evaluation data") for note in report["notes"])
     result = cli("compress", factory, "--calib", tmp_path / "c.npz", "--eval", tmp_path / "e.npz",
                  "--input-shape", "input=8,16", "--out", tmp_path / "o8")
     assert result.exit_code == 2, result.output
     assert "32 labels for 4 samples (the model takes 8 rows at a time" in result.output
+
+
+def test_a_factory_whose_model_holds_its_batch_keeps_it_fixed_and_says_why(tmp_path, cli):
+    """``x.view(1, -1)`` traces into a Reshape to batch 1 that the export (and so the artifacts) would run at any
+    batch, wrongly: the check runs the PyTorch model itself at batch 2, which refuses, so the batch stays fixed.
+    A model without a batch-1 example keeps every size, and the note says so."""
+    (tmp_path / "held.py").write_text(
+        "import torch\nclass Held(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.fc = torch.nn.Linear(32, 4)\n"
+        "    def forward(self, x):\n        return self.fc(x.view(1, -1))\n"
+        "def build():\n    torch.manual_seed(0)\n    return Held().eval(), torch.zeros(1, 2, 16)\n"
+        "def unbatched():\n    return Held().eval(), torch.zeros(2, 16)\n")
+    np.savez(tmp_path / "c.npz", input=np.random.default_rng(0).random((16, 1, 2, 16), dtype=np.float32))
+    out = tmp_path / "out"
+    result = cli("compress", f"{tmp_path / 'held.py'}:build", "--calib", tmp_path / "c.npz", "--out", out, "--quiet")
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    for fmt in ("onnx", "openvino"):
+        decided = report["decisions"]["dynamic_axes"][fmt]
+        assert decided["opened"] == [] and decided["fixed"] == ["input[0] = 1"], decided
+        assert decided["reason"].startswith("the source does not run at input=2,2,16 (") and \
+            decided["reason"].count("does not run") == 1, decided  # said once
+    np.savez(tmp_path / "u.npz", input=np.random.default_rng(0).random((16, 2, 16), dtype=np.float32))
+    result = cli("compress", f"{tmp_path / 'held.py'}:unbatched", "--calib", tmp_path / "u.npz", "--out",
+                 tmp_path / "u", "--quiet", "--format", "openvino")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "u" / "report.json").read_text())
+    assert "dynamic_axes" not in report["decisions"]
+    assert "the artifacts run at the PyTorch example's input sizes only (input [2, 16])" in " ".join(report["notes"])
