@@ -25,7 +25,7 @@ def test_int8_ac_quantizes_within_the_gate_without_labels(cli, tiny_factory, tmp
     ops = {op.get_type_name() for op in ov.Core().read_model(str(out / "model.xml")).get_ops()}
     assert "FakeQuantize" in ops or "FakeConvert" in ops  # quantized, not left in float
     session = open_session(out / "model.xml")
-    assert np.isfinite(session.infer(random_feeds(session.inputs))[0]).all()
+    assert np.isfinite(session.infer(random_feeds(session.static_inputs))[0]).all()
 
 
 def test_int8_ac_needs_eval_data_and_openvino_only(cli, tiny_factory, tiny_calib, tmp_path):

@@ -18,7 +18,7 @@ def run_artifacts(out):
     for path in sorted(out.iterdir()):
         if path.suffix in (".xml", ".onnx"):
             session = open_session(path)
-            outputs[path.name] = session.infer(random_feeds(session.inputs))[0]
+            outputs[path.name] = session.infer(random_feeds(session.static_inputs))[0]
     return outputs
 
 

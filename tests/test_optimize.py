@@ -55,7 +55,7 @@ def test_digits_tight_finds_a_passing_artifact_that_loads(digits):
     passing = [c for c in report["candidates"] if c["passed"]]
     assert all(chosen["figures"]["p50_ms"] <= c["figures"]["p50_ms"] * 1.03 for c in passing)
     session = open_session(out / "model.xml")
-    logits = session.infer(random_feeds(session.inputs))[0]
+    logits = session.infer(random_feeds(session.static_inputs))[0]
     assert logits.shape == (1, 10) and np.isfinite(logits).all()
     assert re.search(r"★ " + re.escape(report["chosen"]), result.output)
     assert "FOUND" in result.output and "emulated on" in result.output

@@ -195,7 +195,7 @@ def test_bound_inference_is_timed_and_leaves_infer_exact(runtime, tiny_ir, tiny_
     from edgeopt.device.runtime import open_session, random_feeds
 
     session = open_session(tiny_ir if runtime == "openvino" else tiny_onnx, RuntimeSettings(runtime=runtime, threads=1))
-    feeds, other = random_feeds(session.inputs, seed=0), random_feeds(session.inputs, seed=1)
+    feeds, other = random_feeds(session.static_inputs, seed=0), random_feeds(session.static_inputs, seed=1)
     before = session.infer(other)[0]
     timings = time_inferences(session, feeds, runs=25, warmup=3)
     assert len(timings.wall_ms) == 25 and all(ms > 0 for ms in timings.wall_ms) and timings.first_ms > 0
@@ -209,7 +209,7 @@ def test_interleaved_timing_gives_each_model_every_round(tiny_ir, tiny_onnx):
 
     sessions = [open_session(tiny_ir, RuntimeSettings(threads=1)),
                 open_session(tiny_onnx, RuntimeSettings(runtime="onnxruntime", threads=1))]
-    timings = time_interleaved(sessions, random_feeds(sessions[0].inputs), rounds=3, per_round=7, warmup=2)
+    timings = time_interleaved(sessions, random_feeds(sessions[0].static_inputs), rounds=3, per_round=7, warmup=2)
     assert [len(times) for times in timings] == [21, 21] and all(ms > 0 for times in timings for ms in times)
 
 

@@ -104,6 +104,12 @@ class Session:
     compile_seconds: float
     recorded_shapes: dict[str, list[int]]  # the sizes the file records for its dynamic inputs (edgeopt's), or {}
 
+    @property
+    def static_inputs(self) -> list[TensorSpec]:
+        """The inputs at static shapes: a dynamic one at the sizes the file records (edgeopt's artifacts)."""
+        return [TensorSpec(s.name, tuple(self.recorded_shapes[s.name]), s.dtype, s.batch_axis)
+                if not s.is_static and s.name in self.recorded_shapes else s for s in self.inputs]
+
     def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:  # pragma: no cover - interface
         raise NotImplementedError
 

@@ -101,7 +101,7 @@ class StepRecorder:
     def finish(self) -> StepReport:
         """Time every step's model in interleaved rounds, fill in the rows and release the compiled models."""
         sessions, self._sessions = self._sessions, []
-        feeds = random_feeds(sessions[0].inputs) if sessions else {}
+        feeds = random_feeds(sessions[0].static_inputs) if sessions else {}
         timings = time_interleaved(sessions, feeds, self.report.rounds, -(-self.report.runs // self.report.rounds),
                                    self.report.warmup)
         self.report.rows = [replace(row, p50_ms=latency_stats(times).p50_ms)
