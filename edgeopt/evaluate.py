@@ -239,6 +239,9 @@ def session_predictor(path, settings: RuntimeSettings):
 def torch_predictor(module, input_names: list[str]):
     import torch
 
+    if isinstance(module, torch.export.ExportedProgram):  # a program is run as the module it holds
+        module = module.module()
+
     def predict(feeds: dict) -> list[np.ndarray]:
         with torch.no_grad():
             out = module(*(torch.from_numpy(feeds[name]) for name in input_names))

@@ -71,14 +71,22 @@ def load_hf_folder(path: Path, task: str | None, input_shapes: dict, make_source
     return source
 
 
-def save_companions(folder: Path, tokenizer, out: Path) -> list[str]:
-    """What a Hugging Face model folder's artifacts need beside them, written into ``out``: the folder's
-    ``config.json`` (copied byte for byte) and its tokenizer (``save_pretrained``), so ``out`` loads as a folder
-    does (``AutoTokenizer.from_pretrained(out)``). The names written, sorted."""
-    before = set(os.listdir(out))
-    shutil.copyfile(folder / "config.json", out / "config.json")
-    tokenizer.save_pretrained(str(out))
-    return sorted(set(os.listdir(out)) - before)
+def save_companions(folder: Path, out: Path) -> list[str]:
+    """What a Hugging Face model folder's artifacts need beside them, written into ``out`` so that it loads as
+    the folder does (``AutoTokenizer.from_pretrained(out)``): ``config.json`` and the tokenizer's files, each copied
+    byte for byte from the folder (the loaded tokenizer carries the calibration's padding and truncation: it is
+    not what is saved), a file the folder lacks as a freshly loaded tokenizer saves it. The names written, sorted."""
+    import tempfile
+
+    import transformers
+
+    with tempfile.TemporaryDirectory(prefix="edgeopt-tokenizer-") as tmp:
+        fresh = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        fresh.save_pretrained(tmp)
+        names = sorted({"config.json", *os.listdir(tmp)})
+        for name in names:
+            shutil.copyfile(folder / name if (folder / name).is_file() else Path(tmp) / name, out / name)
+    return names
 
 
 def _task_from(config: dict) -> str:

@@ -81,9 +81,9 @@ def package(artifact: str | Path, target: str | Path | Target, out: str | Path, 
     files: dict[str, bytes | Path] = {f.name: f for model in models for f in _model_files(model)}
     files[VALIDATION] = canonical_json(validation)
     companions = _companions(compress_report, compress_report_path)
-    if set(companions) & (set(files) | {COMPRESS_REPORT, STATEMENT}):
-        raise BadInputError(f"{artifact}: a companion file is named like a bundle file "
-                            f"({', '.join(sorted(set(companions) & (set(files) | {COMPRESS_REPORT, STATEMENT})))})")
+    clash = {n for n in companions if n in files or n in (COMPRESS_REPORT, STATEMENT) or n.startswith(f"{GOLDEN_DIR}/")}
+    if clash:
+        raise BadInputError(f"{artifact}: a companion file is named like a bundle file ({', '.join(sorted(clash))})")
     files |= companions
     if compress_report is not None:
         files[COMPRESS_REPORT] = compress_report_path
@@ -206,7 +206,7 @@ def _compress_report(artifact: Path) -> tuple[dict | None, Path | None]:
             return None, None  # a file of the user's beside the model, not edgeopt's
         raise BadInputError(f"{path}: not a readable compress report ({first_line(exc)})") from exc
     listed = isinstance(data, dict) and any(isinstance(entry, dict) and entry.get("path") == artifact.name
-                                            for entry in data.get("artifacts") or [])
+                                            and _same_file(artifact, entry) for entry in data.get("artifacts") or [])
     if not artifact.is_dir() and not ("recipe" in data and listed):
         return None, None
     if not isinstance(data, dict) or "recipe" not in data:
@@ -226,13 +226,23 @@ def _check_gate(compress_report: dict | None, path: Path | None, models: list[Pa
             raise QualityGateError(f"{path}: {model.name} failed its quality gate; not packaged")
 
 
+def _same_file(model: Path, entry: dict) -> bool:
+    """Whether a compress report's artifact entry describes ``model`` as it is now (its sha256, where recorded)."""
+    from edgeopt.file_digest import sha256_file
+
+    recorded = (entry.get("files") or {}).get(model.name)
+    return not isinstance(recorded, dict) or recorded.get("sha256") in (None, sha256_file(model))
+
+
 def _companions(compress_report: dict | None, path: Path | None) -> dict[str, Path]:
     """The files the compress report says its artifacts need beside them (a Hugging Face folder's config and
     tokenizer), by bundle name; each must still be there."""
     found = {}
     for name in (compress_report or {}).get("companions") or []:
-        companion = path.parent / name
+        if not isinstance(name, str):
+            raise BadInputError(f"{path}: companions: expected file names, got {name!r}")
         check_member_name(name, str(path))
+        companion = path.parent / name
         if not companion.is_file():
             raise BadInputError(f"{path.parent}: {name}, which the artifacts need beside them, is missing")
         found[name] = companion

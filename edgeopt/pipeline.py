@@ -243,7 +243,7 @@ def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target
         with atomic.atomic_dir(out) as tmp:
             with timer("save"):
                 artifacts = save_artifacts(working, tmp, formats)
-                companions = save_companions(loaded.path, loaded.tokenizer, tmp) if loaded.tokenizer else []
+                companions = save_companions(loaded.path, tmp) if loaded.tokenizer else []
                 if working.reproduce:
                     _write_reproducing_recipe(tmp / "recipe.toml", recipe, working.reproduce)
                 if "int8_repair" in working.decisions:
@@ -462,7 +462,7 @@ def _evaluate(result: CompressResult, source: SourceModel, evaluation: SampleSet
     gated = result.gate.outputs
     result.reference = measure_outputs("original", reference, evaluation.labels, None, gated=gated,
                                        metric=result.gate.metric, targets=evaluation.targets)
-    if evaluation.labels is not None and result.reference.top1_output is None:
+    if evaluation.labels is not None and result.reference.top1_output is None and result.gate.metric is None:
         outputs = ", ".join(f"{name} {list(shape)}" for name, shape in zip(reference.names, reference.shapes)
                             if not gated or name in gated)
         result.notes.append(f"labels in {evaluation.source} not scored: no {'gated ' if gated else ''}output gives "

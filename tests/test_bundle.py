@@ -195,6 +195,14 @@ def test_package_refuses_failed_budget_and_gate(tmp_path, tmp_path_factory, cli)
     (failed_gate / "report.json").write_text(json.dumps(report))
     result = cli("package", failed_gate, "--target", loose_target(tmp_path_factory), "--out", out, *FAST)
     assert result.exit_code == 3 and "model.xml failed its quality gate" in result.output and not out.exists()
+    # a model file changed since: the report does not describe it (its sha256 differs), so it is not its report
+    changed = tmp_path / "changed"
+    changed.mkdir()
+    for f in failed_gate.iterdir():
+        (changed / f.name).write_bytes(f.read_bytes() + (b"\n" if f.name == "model.xml" else b""))
+    result = cli("package", changed / "model.xml", "--target", loose_target(tmp_path_factory), "--out", out, *FAST)
+    assert result.exit_code == 0 and open_bundle(out).manifest["quality"] is None, result.output
+    out.unlink()
     # the ONNX file passed its own gate: only the IR failed
     result = cli("package", failed_gate / "model.onnx", "--target", loose_target(tmp_path_factory, "onnxruntime"),
                  "--out", out, *FAST)

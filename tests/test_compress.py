@@ -97,6 +97,11 @@ def test_each_input_kind_compresses_to_int8(kind, cli, tmp_path, tiny_factory, t
     assert len(source["files"]) == (2 if kind == "ir" else 1) and all(len(v) == 64 for v in source["files"].values())
     assert (source["weights_sha256"] is not None) == (kind in ("factory", "torchscript", "export"))
     assert report["inputs"]["calibration"]["samples"] == 64 and report["inputs"]["evaluation"] is None
+    assert not any("ExportedProgram" in note for note in report["notes"])  # a program runs as the module it holds
+    if kind == "export":
+        evaluated = cli("compress", model, "--calib", tiny_calib, "--eval", tiny_calib, "--out", tmp_path / "e",
+                        "--quiet", "--format", "openvino")
+        assert evaluated.exit_code == 0, evaluated.output
 
 
 @pytest.mark.parametrize("precision", ["fp16", "fp32"])

@@ -258,6 +258,9 @@ def test_hugging_face_folder_compresses_with_text_calibration(tmp_path, hf_folde
     assert {"tokenizer.json", "tokenizer_config.json"} <= {p.name for p in out.iterdir()}
     assert any(note.startswith(f"beside the artifacts, from {hf_folder}: config.json, ") for note in report["notes"])
     assert "tokenizer.json" in report["companions"]
+    for name in report["companions"]:  # the folder's own files, not the tokenizer as calibration padded it
+        if (hf_folder / name).is_file():
+            assert (out / name).read_bytes() == (hf_folder / name).read_bytes(), name
     bundle = tmp_path / "bert.tar.gz"  # the bundle carries them, checksummed and in the provenance statement
     target = tmp_path / "loose.toml"
     target.write_text(LOOSE_TARGET.format(runtime="openvino") + LOOSE_TAIL.split("[model]")[0])

@@ -318,8 +318,13 @@ def test_the_device_validator_on_another_machine_reads_emulated(cli, tmp_path_fa
                                                f"{host_info().machine}, the device aarch64")
     assert all(c["status"] == "emulated" for c in result["checks"] if c["name"] != "max_file_mb")
     assert "PASS  p50_ms" not in run.stdout
+    imported = cli("validate", bundle, "--import", tmp_path / "results.json", "--json", tmp_path / "judged.json")
+    assert imported.exit_code in (0, 4), imported.output  # judged again here: still emulated, never a PASS
+    judged = json.loads((tmp_path / "judged.json").read_text())
+    assert all(c["verdict"] != "PASS" for c in judged["checks"] if c["name"] != "max_file_mb"), judged["checks"]
     required = cli("validate", bundle, "--import", tmp_path / "results.json", "--require-device", "--quiet")
     assert required.exit_code == 5 and "--require-device: no device figures" in required.stderr
+    assert "p50_ms" in required.stderr  # the emulated checks are named
     legacy = {**result, "emulation_note": None}  # a result from a validator that did not check its host
     (tmp_path / "legacy.json").write_text(json.dumps(legacy))
     required = cli("validate", bundle, "--import", tmp_path / "legacy.json", "--require-device", "--quiet")

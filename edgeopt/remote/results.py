@@ -7,7 +7,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from edgeopt.device.budgets import Budgets, check_budgets
+from edgeopt.device.budgets import LATENCY_BUDGETS, Budgets, check_budgets
 from edgeopt.device.runtime import RuntimeSettings
 from edgeopt.device.stats import LatencyStats
 from edgeopt.device.validate import ValidationReport
@@ -65,4 +65,10 @@ def to_report(data: dict, budgets: Budgets, *, device_note: str | None = None) -
     except (KeyError, TypeError) as exc:
         raise BadInputError(f"device result is incomplete or malformed ({type(exc).__name__}: {first_line(exc)})") \
             from exc
-    return replace(report, checks=check_budgets(budgets, report.measured()))
+    # a figure the device validator marked emulated (its host is not the profile's device) stays emulated when
+    # judged again here; so does every timing figure of a result that says it was emulated
+    marked = {c["name"]: c.get("reason") for c in data.get("checks", []) if c.get("status") == "emulated"}
+    if report.emulation_note:
+        marked = {name: report.emulation_note for name in LATENCY_BUDGETS} | marked
+    return replace(report, checks=[replace(c, status="emulated", reason=marked[c.name]) if c.name in marked else c
+                                   for c in check_budgets(budgets, report.measured())])
