@@ -519,6 +519,7 @@ def pinned_source(source, calib: Path, folder: Path):
 def run_entry(entry: Entry, work: Path, timing: bool = True) -> dict:
     """One row: edgeopt's exit code and report, sizes and fidelity side by side with quantize_static, and (with
     ``timing``) the p50 ratios."""
+    from edgeopt.evaluate import torch_predictor
     from edgeopt.onnx_prep import default_opset
     from edgeopt.source import load_model
 
@@ -593,13 +594,15 @@ def run_entry(entry: Entry, work: Path, timing: bool = True) -> dict:
         row["fidelity_anchor"] = per_output_cosine(outputs_of(anchor_path, "onnxruntime", samples), reference)
     row["outputs"] = len(reference[0])
     checks = (report.get("decisions") or {}).get("dynamic_axes") or {}
+    source_run = (torch_predictor(source.torch_module, source.input_names) if source.kind == "torch" else
+                  lambda feeds: outputs_of(source_onnx, "onnxruntime", [feeds])[0])
     for key, fmt, path, runtime in (("dynamic_axes", "onnx", int8_onnx, "onnxruntime"),
                                     ("dynamic_axes_ir", "openvino", int8_ir, "openvino")):
         dynamic = checks.get(fmt)
         if dynamic:
             row[key] = {"opened": dynamic["opened"], "fixed": dynamic["fixed"]}
             if dynamic["opened"]:
-                row[key]["bench_check"] = grown_fidelity(path, runtime, source_onnx, unpinned[0], samples[0],
+                row[key]["bench_check"] = grown_fidelity(path, runtime, source_run, unpinned[0], samples[0],
                                                          dynamic["opened"])
     if entry.vad:
         row["stream"] = stream_fidelity({**({"onnx": (int8_onnx, "onnxruntime")} if has_onnx else {}),
@@ -631,11 +634,12 @@ def _interval(row: dict, fmt: str) -> str:
     return f" (p50 {versus['p50_ratio']:.2f}x, {low:.2f}-{high:.2f}x)"
 
 
-def grown_fidelity(artifact: Path, runtime: str, source_onnx: Path, sample: dict, source_sample: dict,
+def grown_fidelity(artifact: Path, runtime: str, source_run, sample: dict, source_sample: dict,
                    opened: list[str]) -> dict:
-    """The INT8 artifact (in ``runtime``) against the source at three times the held-out sample's size on each
-    dimension edgeopt kept dynamic (``x[3]``; the sample tiled along it): the bench's own check, at another size
-    than edgeopt's (twice). Per-output cosine, or the error where either does not run."""
+    """The INT8 artifact (in ``runtime``) against the source (``source_run(feeds) -> outputs``: the ONNX file in
+    ONNX Runtime, a PyTorch model run itself) at three times the held-out sample's size on each dimension edgeopt
+    kept dynamic (``x[3]``; the sample tiled along it): the bench's own check, at another size than edgeopt's
+    (twice). Per-output cosine, or the error where either does not run."""
     axes: dict[str, list[int]] = {}
     for dim in opened:
         name, axis = dim[:-1].rsplit("[", 1)
@@ -644,7 +648,7 @@ def grown_fidelity(artifact: Path, runtime: str, source_onnx: Path, sample: dict
         lambda v, axis: np.concatenate([v] * 3, axis=axis), axes.get(name, []), np.asarray(value))
     try:
         got = outputs_of(artifact, runtime, [{k: grow(v, k) for k, v in sample.items()}])
-        want = outputs_of(source_onnx, "onnxruntime", [{k: grow(v, k) for k, v in source_sample.items()}])
+        want = [[np.asarray(o) for o in source_run({k: grow(v, k) for k, v in source_sample.items()})]]
     except Exception as exc:  # noqa: BLE001 - the row says what failed
         return {"error": (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]}
     return {"shapes": {k: list(grow(v, k).shape) for k, v in sample.items() if k in axes},

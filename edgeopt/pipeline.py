@@ -410,12 +410,12 @@ def _run_recipe(source: SourceModel, recipe: Recipe, ctx: PassContext, formats: 
         for name in dict.fromkeys((REFERENCE, *formats)):
             fmt = FORMATS[name]
             working.graphs[name] = (fmt.from_torch(working.torch_module, source.example_input, source.input_names,
-                                                   source.output_names, source.dynamic_axes())
+                                                   source.output_names, source.export_axes())
                                     if source.kind == "torch" else fmt.from_source(source))
     # Size baselines are the original model's, not the model after pruning.
     originals = dict(working.graphs) if not torch_steps else {
         name: FORMATS[name].from_torch(source.torch_module, source.example_input, source.input_names,
-                                       source.output_names, source.dynamic_axes()) for name in working.graphs}
+                                       source.output_names, source.export_axes()) for name in working.graphs}
     # Some graph passes change the model in place (nncf.compress_weights on OpenVINO): keep copies.
     baseline = WorkingModel(source, graphs={name: _copy_graph(name, g) for name, g in originals.items()})
     original = originals[REFERENCE]

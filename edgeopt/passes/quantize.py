@@ -121,7 +121,7 @@ def _onnx_node_names(model: WorkingModel) -> set[str]:
 def _declared_dynamic(model: WorkingModel) -> dict[str, list[int]] | None:
     """The input axes the source declares dynamic (``edgeopt.dynamic_axes``; an ONNX file's, a Hugging Face
     folder's), None where it declares none."""
-    return model.source.dynamic_axes() or None
+    return model.source.export_axes() or None
 
 
 def _cosine_floor(ctx: PassContext) -> float | None:
