@@ -155,7 +155,8 @@ def prepare(model: str, calibration: str, eval_data: str, target: Target, *, gat
               "batch_axes": dict(target.batch_axes), "seed": seed, "format": fmt, "versions": tool_versions(),
               # passes see the target and the gate (weights mode=auto, int8_ac's allowed drop)
               "target": target.describe(), "gate": {"max_drop": gate.max_drop, "min_cosine": gate.min_cosine,
-                                                   **_metric_key(gate)}}
+                                                   "cosine_on_labelled": gate.cosine_on_labelled,
+                                                   "outputs": list(gate.outputs), **_metric_key(gate)}}
     emulation = None if pool else plan_emulation(target, host_info())
     measure_key = digest({"settings": (emulation.settings if emulation else target.settings).describe(),
                           "cpus": emulation.cpus if emulation else None,

@@ -125,9 +125,11 @@ def _declared_dynamic(model: WorkingModel) -> dict[str, list[int]] | None:
 
 
 def _cosine_floor(ctx: PassContext) -> float | None:
-    """The quality gate's cosine when cosine is what it judges the ONNX artifact by (no task metric, no labels)."""
+    """The quality gate's cosine when cosine is what it judges the ONNX artifact by: no task metric, and no labels
+    unless the cosine judges the labelled output too (``QualityGate.cosine_on_labelled``)."""
     gate, held_out = ctx.gate, ctx.evaluation
-    if gate is None or gate.metric is not None or (held_out is not None and held_out.labels is not None):
+    labelled = held_out is not None and held_out.labels is not None
+    if gate is None or gate.metric is not None or (labelled and not gate.cosine_on_labelled):
         return None
     return gate.min_cosine
 
