@@ -205,10 +205,10 @@ def _compress_report(artifact: Path) -> tuple[dict | None, Path | None]:
         if not artifact.is_dir():
             return None, None  # a file of the user's beside the model, not edgeopt's
         raise BadInputError(f"{path}: not a readable compress report ({first_line(exc)})") from exc
-    listed = isinstance(data, dict) and any(isinstance(entry, dict) and entry.get("path") == artifact.name
-                                            and _same_file(artifact, entry) for entry in data.get("artifacts") or [])
-    if not artifact.is_dir() and not ("recipe" in data and listed):
-        return None, None
+    if not artifact.is_dir() and not (isinstance(data, dict) and "recipe" in data and any(
+            isinstance(entry, dict) and entry.get("path") == artifact.name and _same_file(artifact, entry)
+            for entry in data.get("artifacts") or [])):
+        return None, None  # not the report of this file (hashed only when the file is packaged alone)
     if not isinstance(data, dict) or "recipe" not in data:
         raise BadInputError(f"{path}: not a compress report (no 'recipe')")
     return data, path

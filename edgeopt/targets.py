@@ -49,7 +49,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from edgeopt.device.budgets import BUDGET_FIELDS, LATENCY_BUDGETS, SPREAD_BUDGETS, Budgets, check_budgets
+from edgeopt.device.budgets import BUDGET_FIELDS, SPREAD_BUDGETS, Budgets, check_budgets, mark_emulated
 from edgeopt.device.host import HostInfo
 from edgeopt.device.runtime import PRECISIONS, RUNTIMES, RuntimeSettings
 from edgeopt.device.task_metric import MetricSpec
@@ -438,8 +438,7 @@ def judge(budgets: Budgets, figures: dict, emulation: Emulation | None, host: di
     checks = check_budgets(budgets, figures)
     if emulation is None:
         return checks
-    emulated = set(LATENCY_BUDGETS) | ({"max_peak_rss_mb"} if emulation.cross_isa else set())
-    return [replace(c, status="emulated", reason=emulation.note) if c.name in emulated else c for c in checks]
+    return mark_emulated(checks, emulation.note, memory=emulation.cross_isa)
 
 
 def _spread_failed_busy(report) -> bool:

@@ -102,9 +102,9 @@ def validate(artifact, target, device_spec, import_path, require_device, runs, w
 
 def _imported(bundle: str, results: str, target: str | None):
     """A device's results for ``bundle``, judged against ``target``'s budgets (default: the bundle's own)."""
-    from edgeopt.device.__main__ import not_the_device
     from edgeopt.device.budgets import Budgets
     from edgeopt.device.bundle_reader import open_bundle
+    from edgeopt.device.host import not_the_device
     from edgeopt.remote.results import check_bundle, read_result, to_report
     from edgeopt.targets import load_target
 

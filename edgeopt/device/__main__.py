@@ -189,8 +189,8 @@ def guard_reports(args) -> None:
 
 def validate_bundle(bundle, runs: int, warmup: int, min_seconds: float):
     """Measure an extracted bundle's model with its target's settings and check the bundled budgets."""
-    from edgeopt.device.budgets import LATENCY_BUDGETS, Budgets
-    from edgeopt.device.host import host_info
+    from edgeopt.device.budgets import Budgets, mark_emulated
+    from edgeopt.device.host import host_info, not_the_device
     from edgeopt.device.runtime import RuntimeSettings
     from edgeopt.device.validate import validate_artifact
 
@@ -214,26 +214,13 @@ def validate_bundle(bundle, runs: int, warmup: int, min_seconds: float):
                                min_seconds=min_seconds, input_shapes=shapes, target=target["name"], notes=tuple(notes),
                                emulation_note=f"not the profiled device ({target['device']['name']}): {other}; "
                                               f"the figures are this host's" if other else None)
-    if other:  # never a device PASS: the timing budgets (and, on another architecture, memory) are this host's
-        emulated = set(LATENCY_BUDGETS) | ({"max_peak_rss_mb"} if target["device"].get("arch") != host.machine
-                                           else set())
-        report = replace(report, checks=[replace(c, status="emulated", reason=report.emulation_note)
-                                         if c.name in emulated else c for c in report.checks])
+    if other:
+        report = replace(report, checks=mark_emulated(report.checks, report.emulation_note,
+                                                      memory=target["device"].get("arch") != host.machine))
     packaged = manifest["runtime"]["version"]
     extra = [] if report.runtime_version == packaged else [
         f"validated at packaging with {settings.runtime} {packaged}; this device has {report.runtime_version}"]
     return replace(report, artifact=f"{bundle.path.name}:{manifest['model']}", notes=report.notes + extra)
-
-
-def not_the_device(device: dict, machine: str, cpu_model: str) -> str:
-    """Why a host (``machine``, ``cpu_model``) is not the profile's ``device`` (a manifest's ``target.device``):
-    another architecture, or a CPU its ``cpu_match`` does not name; "" when nothing says so."""
-    if device.get("arch") and device["arch"] != machine:
-        return f"the host is {machine}, the device {device['arch']}"
-    matches = device.get("cpu_match") or []
-    if matches and not any(m.lower() in cpu_model.lower() for m in matches):
-        return f"the host's CPU ({cpu_model}) is not the profiled device's ({device.get('cpu')})"
-    return ""
 
 
 def check_golden(bundle, report, run_metric: bool):

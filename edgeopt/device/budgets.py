@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 from edgeopt.errors import BadInputError
 
@@ -96,6 +96,13 @@ class BudgetCheck:
 
 LATENCY_BUDGETS = ("p50_ms", "p95_ms", "p99_ms", "max_cv", "max_p99_over_p50")  # timing: only the device's count
 SPREAD_BUDGETS = ("max_cv", "max_p99_over_p50")
+
+
+def mark_emulated(checks: list[BudgetCheck], reason: str, *, memory: bool) -> list[BudgetCheck]:
+    """``checks`` with the timing budgets (and, with ``memory``, another architecture's, the memory budget)
+    marked emulated with ``reason``: figures of a host that is not the device, never a device PASS."""
+    emulated = set(LATENCY_BUDGETS) | ({"max_peak_rss_mb"} if memory else set())
+    return [replace(c, status="emulated", reason=reason) if c.name in emulated else c for c in checks]
 
 
 def check_budgets(budgets: Budgets, measurement: Mapping[str, float | None]) -> list[BudgetCheck]:

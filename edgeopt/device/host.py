@@ -7,6 +7,17 @@ import platform
 from dataclasses import asdict, dataclass
 
 
+def not_the_device(device: dict, machine: str, cpu_model: str) -> str:
+    """Why a host (``machine``, ``cpu_model``) is not the profile's ``device`` (a manifest's ``target.device``):
+    another architecture, or a CPU its ``cpu_match`` does not name; "" when nothing says so."""
+    if device.get("arch") and device["arch"] != machine:
+        return f"the host is {machine}, the device {device['arch']}"
+    matches = device.get("cpu_match") or []
+    if matches and not any(m.lower() in cpu_model.lower() for m in matches):
+        return f"the host's CPU ({cpu_model}) is not the profiled device's ({device.get('cpu')})"
+    return ""
+
+
 @dataclass(frozen=True)
 class HostInfo:
     cpu_model: str
