@@ -204,8 +204,21 @@ def _split(array: np.ndarray, spec: TensorSpec, source: Path) -> list[np.ndarray
     if array.shape == shape:
         return Shared(array)
     along = f"or concatenated on batch axis {axis}" if axis is not None else "(the input has no batch axis)"
+    other = _concatenated_on(array.shape, shape, axis)
+    hint = f"; if its batch is on axis {other}, say so with --batch-axis {spec.name}={other}" if other is not None else ""
     raise BadInputError(f"{source}: array for input '{spec.name}' has shape {format_shape(array.shape)}; the model "
-                        f"expects {format_shape(shape)}: expected samples stacked on a new axis 0, {along}")
+                        f"expects {format_shape(shape)}: expected samples stacked on a new axis 0, {along}{hint}")
+
+
+def _concatenated_on(held: tuple, expected: tuple, batch_axis: int | None) -> int | None:
+    """The one axis other than ``batch_axis`` along which ``held`` could be samples of ``expected`` concatenated
+    (a recurrent state ``[layers, B, hidden]`` read as batched on axis 0), else None."""
+    if len(held) != len(expected):
+        return None
+    differing = [i for i, (a, s) in enumerate(zip(held, expected)) if a != s]
+    if len(differing) != 1 or differing[0] == batch_axis or held[differing[0]] % expected[differing[0]]:
+        return None
+    return differing[0]
 
 
 def _zip_inputs(per_input: dict[str, list[np.ndarray] | Shared], source: Path) -> list[dict[str, np.ndarray]]:

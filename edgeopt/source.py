@@ -189,13 +189,18 @@ def load_model(spec: str | Path, input_shapes: dict[str, tuple[int, ...]] | None
 
 def _batch_declared(inputs: list[TensorSpec]) -> list[TensorSpec]:
     """A PyTorch model's inputs with the batch dynamic, where its example is one batch-1 sample: every input that
-    has a batch axis has it first and at 1 (the check against the model itself decides whether the artifacts
-    keep it; ``edgeopt.dynamic_axes``); none otherwise (a batch on another axis, or an example of several)."""
+    has a batch axis has it at 1, on whatever axis (a recurrent state's ``[layers, B, hidden]`` on axis 1; the
+    check against the model itself decides whether the artifacts keep it; ``edgeopt.dynamic_axes``); none
+    otherwise (an example of several)."""
     batched = [spec for spec in inputs if spec.batch_dim is not None and len(spec.shape) >= 2]
-    if not batched or any(spec.batch_dim != 0 or spec.shape[0] != 1 for spec in batched):
+    if not batched or any(spec.shape[spec.batch_dim] != 1 for spec in batched):
         return []
-    return [TensorSpec(spec.name, (None, *spec.shape[1:]) if spec in batched else spec.shape, spec.dtype,
-                       spec.batch_axis) for spec in inputs]
+    return [TensorSpec(spec.name, _unsized(spec.shape, spec.batch_dim) if spec in batched else spec.shape,
+                       spec.dtype, spec.batch_axis) for spec in inputs]
+
+
+def _unsized(shape: tuple, axis: int) -> tuple:
+    return (*shape[:axis], None, *shape[axis + 1:])
 
 
 def parse_input_shapes(values: tuple[str, ...] | list[str]) -> dict[str, tuple[int, ...]]:

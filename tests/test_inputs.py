@@ -120,8 +120,12 @@ def test_samples_stacked_concatenated_shared_or_given_without_batch_axis(tmp_pat
     np.savez(tmp_path / "b.npz", input=np.zeros((3, 1, 4)), state=np.zeros((3, 2, 1, 3)), sr=np.full(3, 16000))
     assert len(load_samples(tmp_path / "b.npz", specs)) == 3
     np.savez(tmp_path / "c.npz", input=np.zeros((3, 4)), state=np.zeros((2, 3, 4)), sr=np.int64(1))
-    with pytest.raises(BadInputError, match="state.*expects \\[2,1,3\\].*batch axis 1"):
+    with pytest.raises(BadInputError, match="state.*expects \\[2,1,3\\].*batch axis 1$"):
         load_samples(tmp_path / "c.npz", specs)
+    # an LSTM's (h, c) [layers, B, hidden] read as batched on axis 0 (its layers): the message names the flag
+    np.savez(tmp_path / "d.npz", h=np.zeros((1, 6, 3)))
+    with pytest.raises(BadInputError, match="batch axis 0; if its batch is on axis 1, say so with --batch-axis h=1"):
+        load_samples(tmp_path / "d.npz", [TensorSpec("h", (1, 1, 3), "float32", 0)])
 
 
 @pytest.mark.parametrize("data", ["npz", "hook"])
@@ -150,6 +154,9 @@ def test_factory_with_scalar_example_names_inputs_after_forward(tmp_path, vad_da
     result = cli(*["compress", f"{tmp_path / 'vad.py'}:build", "--calib", str(vad_data["hook"]),
                         "--out", str(out), "--format", "openvino", "--batch-axis", "state=1"])
     assert result.exit_code == 0, result.output
+    # one batch-1 sample with the state batched on axis 1: that batch is declared dynamic, checked, and kept
+    opened = json.loads((out / "report.json").read_text())["decisions"]["dynamic_axes"]["openvino"]["opened"]
+    assert opened == ["input[0]", "state[1]"]
 
 
 class DictEncoder(nn.Module):
