@@ -205,7 +205,7 @@ def _split(array: np.ndarray, spec: TensorSpec, source: Path) -> list[np.ndarray
         return Shared(array)
     along = f"or concatenated on batch axis {axis}" if axis is not None else "(the input has no batch axis)"
     other = _concatenated_on(array.shape, shape, axis)
-    hint = f"; if its batch is on axis {other}, say so with --batch-axis {spec.name}={other}" if other is not None else ""
+    hint = "" if other is None else f"; if its batch is on axis {other}, say so with --batch-axis {spec.name}={other}"
     raise BadInputError(f"{source}: array for input '{spec.name}' has shape {format_shape(array.shape)}; the model "
                         f"expects {format_shape(shape)}: expected samples stacked on a new axis 0, {along}{hint}")
 
