@@ -22,6 +22,7 @@ from edgeopt.passes.base import PassContext, WorkingModel
 from edgeopt.passes.config import StepConfig, number
 from edgeopt.passes.quantize import Preset, nncf_preset
 from edgeopt.passes.registry import GRAPH, register
+from edgeopt.recurrent import OPENVINO_COMPUTE
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,32 @@ def int8_ac(model: WorkingModel, ctx: PassContext, config: Int8AcConfig) -> None
     model.precision = "int8"
     model.float_weights_fp16 = True
     kind = "relative" if drop_type == nncf.DropType.RELATIVE else "absolute"
+    floating, total = float_compute_ops(model.graphs["openvino"])
+    model.decisions["int8_ac"] = {"float_operations": floating, "compute_operations": total}
     model.notes.append(f"int8_ac: {metric} on {len(evaluation)} evaluation samples, max drop {allowed:.4g} "
-                       f"({kind}), preset={preset}, at most {max_num_iterations} layers reverted to float")
+                       f"({kind}), preset={preset}, at most {max_num_iterations} layers reverted to float; float "
+                       f"after it: {len(floating)} of {total} compute operations"
+                       + (f" ({_listed(floating)})" if floating else ""))
+
+
+def float_compute_ops(ov_model) -> tuple[list[str], int]:
+    """Friendly names of ``ov_model``'s compute operations (Convolution, MatMul, ...) that no FakeQuantize feeds
+    (directly or through a Convert/Reshape/Transpose: what accuracy control reverted, or NNCF never quantized),
+    and how many compute operations it has."""
+    compute = [op for op in ov_model.get_ordered_ops() if op.get_type_name() in OPENVINO_COMPUTE]
+    return [op.get_friendly_name() for op in compute if not any(_quantized(port) for port in op.inputs())], \
+        len(compute)
+
+
+def _quantized(port) -> bool:
+    node = port.get_source_output().get_node()
+    while node.get_type_name() in ("Convert", "Reshape", "Transpose") and node.inputs():
+        node = node.input(0).get_source_output().get_node()
+    return node.get_type_name() in ("FakeQuantize", "FakeConvert")
+
+
+def _listed(names: list[str], shown: int = 5) -> str:
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def _output_validation(ov_model, gate: QualityGate, evaluation, names: list[str], max_drop: float,
