@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgeopt.errors import BadInputError, first_line
 from edgeopt.data import SampleSet
+from edgeopt.errors import BadInputError, first_line
 from edgeopt.evaluate import Outputs, QualityGate, all_outputs, compare_outputs, labelled_output
 from edgeopt.judge import compiled_predictor, predictor
 from edgeopt.passes.base import PassContext, WorkingModel
