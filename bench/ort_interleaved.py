@@ -32,10 +32,10 @@ def session(path: str, threads: int, spin: bool) -> ort.InferenceSession:
     return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
 
-def feeds(sess: ort.InferenceSession, rng: np.random.Generator) -> dict[str, np.ndarray]:
+def feeds(sess: ort.InferenceSession, rng: np.random.Generator, shapes: dict[str, list[int]]) -> dict[str, np.ndarray]:
     made = {}
     for spec in sess.get_inputs():
-        shape = [d if isinstance(d, int) and d > 0 else 1 for d in spec.shape]
+        shape = shapes.get(spec.name) or [d if isinstance(d, int) and d > 0 else 1 for d in spec.shape]
         dtype = _NUMPY[spec.type]
         made[spec.name] = (rng.standard_normal(shape).astype(dtype) if np.issubdtype(dtype, np.floating)
                            else rng.integers(0, 10, shape).astype(dtype))
@@ -51,9 +51,9 @@ def p50_ms(sess: ort.InferenceSession, feed: dict, runs: int) -> float:
     return statistics.median(times)
 
 
-def group(paths: list[str], threads: int, spin: bool, rounds: int, runs: int) -> dict:
+def group(paths: list[str], threads: int, spin: bool, rounds: int, runs: int, shapes: dict) -> dict:
     sessions = [session(p, threads, spin) for p in paths]
-    feed = feeds(sessions[0], np.random.default_rng(0))
+    feed = feeds(sessions[0], np.random.default_rng(0), shapes)
     for sess in sessions:
         p50_ms(sess, feed, max(10, runs // 5))  # warm-up
     p50s = [[] for _ in paths]
@@ -70,7 +70,7 @@ def group(paths: list[str], threads: int, spin: bool, rounds: int, runs: int) ->
                       "p50_ms": round(statistics.median(measured), 4),
                       "p50_ratio": round(statistics.median(ratios), 4), "p50_ratio_90": [round(low, 4), round(high, 4)],
                       "size_ratio": round(os.path.getsize(path) / os.path.getsize(paths[0]), 4)})
-    return {"files": files}
+    return {"files": files, "inputs": {name: list(value.shape) for name, value in feed.items()}}
 
 
 def main() -> None:
@@ -80,22 +80,34 @@ def main() -> None:
     parser.add_argument("--no-spin", action="store_true", help="session.intra_op.allow_spinning = 0")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--runs", type=int, default=50, help="calls per file per round")
+    parser.add_argument("--shape", action="append", default=[], help="NAME=D1,D2,... for a dynamic input")
     parser.add_argument("--json")
     args = parser.parse_args()
+    shapes = {name: [int(d) for d in dims.split(",")] for name, _, dims in (s.partition("=") for s in args.shape)}
     result = {"host": {"machine": platform.machine(), "processor": _cpu_model(), "cpus": os.cpu_count(),
-                       "load_1min_start": os.getloadavg()[0], "onnxruntime": ort.__version__},
+                       "isa": _isa(), "load_1min_start": os.getloadavg()[0], "onnxruntime": ort.__version__},
               "settings": {"threads": args.threads, "spinning": not args.no_spin, "rounds": args.rounds,
                            "runs": args.runs, "graph_optimization": "ORT_ENABLE_ALL"}, "groups": {}}
     for text in args.groups:
         name, _, files = text.partition("=")
         result["groups"][name] = measured = group(files.split(","), args.threads, not args.no_spin, args.rounds,
-                                                  args.runs)
+                                                  args.runs, shapes)
         print(name, " ".join(f"{f['file']} {f['p50_ms']} ms {f['p50_ratio']}x ({f['p50_ratio_90'][0]}-"
                              f"{f['p50_ratio_90'][1]}) size {f['size_ratio']}x" for f in measured["files"]), flush=True)
     result["host"]["load_1min_end"] = os.getloadavg()[0]
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(result, handle, indent=1)
+
+
+def _isa() -> list[str]:
+    """The int8-relevant instruction sets the CPU reports (Linux)."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            flags = next(line.split(":", 1)[1].split() for line in handle if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return []
+    return [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8") if f in flags]
 
 
 def _cpu_model() -> str:

@@ -171,6 +171,9 @@ def _models(artifact: Path, primary: Path, formats: tuple[str, ...] | None, runt
 def _model_files(model: Path) -> list[Path]:
     files = list(file_format(model).files(model))
     for companion in files[1:]:
+        if companion.parent != model.parent:
+            raise BadInputError(f"{model}: its external data {companion.relative_to(model.parent)} is not beside "
+                                f"it; a bundle holds a model's files side by side (save the data next to the model)")
         if not companion.is_file():
             raise BadInputError(f"{model}: the weights file {companion.name} is missing")
     return files

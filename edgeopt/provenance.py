@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from edgeopt.device.formats import file_format, model_suffixes
 from edgeopt.file_digest import sha256_file
 from edgeopt.user_code import is_function_spec
 
@@ -34,7 +35,7 @@ def describe_inputs(model: str | Path, source, data: dict) -> dict:
 
 def _model_record(spec: str, source) -> dict:
     path = Path(spec.rpartition(":")[0] if is_function_spec(spec) else spec)
-    files = [path, path.with_suffix(".bin")] if path.suffix.lower() == ".xml" else [path]
+    files = file_format(path).files(path) if path.suffix.lower() in model_suffixes() else [path]
     record = {"name": _name(spec), "files": ({p.name: sha256_file(p) for p in files if p.is_file()} if path.is_file()
                                              else _folder_files(path))}
     record["weights_sha256"] = _weights_digest(source.torch_module) if source.kind == "torch" else None

@@ -362,8 +362,8 @@ def _load_onnx(path: Path, input_shapes: dict, batch_axes: dict) -> SourceModel:
     import onnx
 
     try:
+        onnx.checker.check_model(str(path))  # by path: weights in an external data file beside it are checked too
         model = onnx.load(str(path), load_external_data=False)
-        onnx.checker.check_model(model)
     except Exception as exc:
         raise BadInputError(f"{path}: not a valid ONNX model ({first_line(exc)})") from exc
     initializers = {init.name for init in model.graph.initializer}

@@ -6,9 +6,11 @@ is converted, written and counted on the build host.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from edgeopt.device.onnx_files import external_data_files
 from edgeopt.errors import BadInputError
 
 
@@ -19,16 +21,19 @@ class FileFormat:
     suffix: str  # of the main file
     companions: tuple[str, ...]  # suffixes of files that must sit beside the main file (same stem)
     runtime: str  # the runtime that loads it natively (edgeopt.device.runtime.SESSIONS)
+    named_inside: Callable[[Path], tuple[str, ...]] | None = None  # files the main file names, relative to it
 
     def files(self, main: str | Path) -> tuple[Path, ...]:
-        """The main file and its companions."""
+        """The main file, its companions and the files it names (an ONNX model's external data), where it
+        exists."""
         main = Path(main)
-        return (main, *(main.with_suffix(suffix) for suffix in self.companions))
+        named = self.named_inside(main) if self.named_inside is not None and main.is_file() else ()
+        return (main, *(main.with_suffix(suffix) for suffix in self.companions), *(main.parent / n for n in named))
 
 
 FILE_FORMATS: dict[str, FileFormat] = {
     "openvino": FileFormat("openvino", "OpenVINO IR", ".xml", (".bin",), "openvino"),
-    "onnx": FileFormat("onnx", "ONNX", ".onnx", (), "onnxruntime"),
+    "onnx": FileFormat("onnx", "ONNX", ".onnx", (), "onnxruntime", external_data_files),
 }
 
 
