@@ -4,6 +4,9 @@ Loaded through ``transformers`` (the optional extra ``edgeopt[hf]``) with ``loca
 fetched from a hub. ``--task`` picks the head (default: from ``config.json``'s architecture). The inputs are
 the tokenizer's (``input_ids``, ``attention_mask``, ``token_type_ids`` where forward() takes them), at batch 1
 and a fixed length: ``--input-shape input_ids=1,128`` or ``DEFAULT_LENGTH`` (capped by the model's maximum).
+A folder that holds an ONNX export instead of PyTorch weights (``ONNX_FILES``: Optimum's ``model.onnx``,
+Transformers.js's ``onnx/model.onnx``) is that ONNX file, with the folder's tokenizer for text data and its
+``config.json`` and tokenizer beside the artifacts; its head is the export's, so ``--task`` does not apply.
 Text (``.txt``, one text a line; ``.jsonl`` with a ``text`` field and an optional integer ``label``) is
 tokenized to that length, padded and truncated.
 """
@@ -28,12 +31,17 @@ TASKS = {  # task -> transformers auto class
     "fill-mask": "AutoModelForMaskedLM",
     "text-generation": "AutoModelForCausalLM",
 }
+TORCH_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                 "pytorch_model.bin.index.json")
+ONNX_FILES = ("model.onnx", "onnx/model.onnx")  # an export in place of the weights, as Optimum and Transformers.js
 _SUFFIX_TASKS = (("ForSequenceClassification", "text-classification"), ("ForTokenClassification", "token-classification"),
                  ("ForMaskedLM", "fill-mask"), ("ForCausalLM", "text-generation"), ("LMHeadModel", "text-generation"))
 
 
-def load_hf_folder(path: Path, task: str | None, input_shapes: dict, make_source):
-    """A ``SourceModel`` for the model in ``path``, with its tokenizer; ``input_shapes`` may set the length."""
+def load_hf_folder(path: Path, task: str | None, input_shapes: dict, make_source, load_onnx):
+    """A ``SourceModel`` for the model in ``path``, with its tokenizer; ``input_shapes`` may set the length.
+    ``make_source(path, module, example, shapes, ...)`` makes it from the PyTorch model, ``load_onnx(file,
+    shapes)`` from the folder's ONNX export where it holds no PyTorch weights."""
     config_file = path / "config.json"
     if not config_file.is_file():
         raise BadInputError(f"{path}: unknown model format (a folder is read as a Hugging Face model folder, which "
@@ -48,6 +56,10 @@ def load_hf_folder(path: Path, task: str | None, input_shapes: dict, make_source
         config = json.loads(config_file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BadInputError(f"{config_file}: not valid JSON ({first_line(exc)})") from exc
+    exported = _onnx_export(path)
+    if exported is not None and task is not None:
+        raise BadInputError(f"--task applies to a folder of PyTorch weights; {path} holds an ONNX export "
+                            f"({exported.relative_to(path)}), whose head is fixed")
     task = task or _task_from(config)
     if task not in TASKS:
         raise BadInputError(f"--task {task}: expected one of {', '.join(TASKS)}")
@@ -55,6 +67,8 @@ def load_hf_folder(path: Path, task: str | None, input_shapes: dict, make_source
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as exc:  # transformers raises OSError, ValueError, ... for a folder without a tokenizer
         raise BadInputError(f"{path}: no usable tokenizer in the folder ({first_line(exc)})") from exc
+    if exported is not None:
+        return _onnx_source(path, exported, config, tokenizer, input_shapes, load_onnx)
     try:
         model = getattr(transformers, TASKS[task]).from_pretrained(str(path), local_files_only=True)
     except Exception as exc:
@@ -68,6 +82,32 @@ def load_hf_folder(path: Path, task: str | None, input_shapes: dict, make_source
     source = make_source(path, model, example, shapes, tokenizer=tokenizer, model_type="transformer")
     source.declared_inputs = [TensorSpec(spec.name, (None, None), spec.dtype, spec.batch_axis)  # batch, length
                               if spec.name in example and len(spec.shape) == 2 else spec for spec in source.inputs]
+    source.folder = path
+    return source
+
+
+def _onnx_export(path: Path) -> Path | None:
+    """The ONNX export ``path`` holds in place of PyTorch weights, if it does."""
+    if any((path / name).is_file() for name in TORCH_WEIGHTS):
+        return None
+    return next((path / name for name in ONNX_FILES if (path / name).is_file()), None)
+
+
+def _onnx_source(path: Path, exported: Path, config: dict, tokenizer, input_shapes: dict, load_onnx):
+    """The folder's ONNX export as the source: its token inputs at batch 1 and the folder's length (as for
+    PyTorch weights) unless ``input_shapes`` gives them."""
+    import onnx
+
+    graph = onnx.load(str(exported), load_external_data=False).graph
+    weights = {init.name for init in graph.initializer}
+    dims = {value.name: value.type.tensor_type.shape.dim for value in graph.input if value.name not in weights}
+    dynamic = {name for name, ds in dims.items() if len(ds) == 2 and any(d.dim_value <= 0 for d in ds)}
+    given = next((input_shapes[name] for name in tokenizer.model_input_names if name in input_shapes), None)
+    length = given[1] if given is not None and len(given) == 2 else min(
+        DEFAULT_LENGTH, config.get("max_position_embeddings") or DEFAULT_LENGTH)
+    shapes = {name: (1, length) for name in tokenizer.model_input_names if name in dynamic}
+    source = load_onnx(exported, {**shapes, **input_shapes})
+    source.tokenizer, source.model_type, source.folder = tokenizer, "transformer", path
     return source
 
 

@@ -243,7 +243,7 @@ def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target
         with atomic.atomic_dir(out) as tmp:
             with timer("save"):
                 artifacts = save_artifacts(working, tmp, formats)
-                companions = save_companions(loaded.path, tmp) if loaded.tokenizer else []
+                companions = save_companions(loaded.folder, tmp) if loaded.folder else []
                 if working.reproduce:
                     _write_reproducing_recipe(tmp / "recipe.toml", recipe, working.reproduce)
                 if "int8_repair" in working.decisions:

@@ -38,6 +38,7 @@ class SourceModel:
     onnx_path: Path | None = None  # the ONNX file for kind == "onnx"
     output_names: list[str] = field(default_factory=list)
     tokenizer: Any = None  # a Hugging Face tokenizer, for text data (Hugging Face model folders)
+    folder: Path | None = None  # the Hugging Face model folder it came from (its config and tokenizer go beside)
     model_type: str | None = None  # "transformer" when the source says so (a ``transformers`` model)
     quantized_ops: dict[str, int] = field(default_factory=dict)  # an ONNX file's (edgeopt.onnx_prep.quantized_ops)
     declared_inputs: list[TensorSpec] = field(default_factory=list)  # None where dynamic: an ONNX/IR file's, a HF
@@ -166,7 +167,8 @@ def load_model(spec: str | Path, input_shapes: dict[str, tuple[int, ...]] | None
     if path.is_dir():
         from edgeopt.hf import load_hf_folder
 
-        source = load_hf_folder(path, task, input_shapes, torch_source)
+        source = load_hf_folder(path, task, input_shapes, torch_source,
+                                lambda onnx_file, shapes: _load_onnx(onnx_file, shapes, batch_axes))
     elif factory:
         source = _load_torch_factory(path, factory, input_shapes)
     elif suffix == ".onnx":

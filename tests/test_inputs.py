@@ -416,3 +416,50 @@ def test_a_factory_whose_model_holds_its_batch_keeps_it_fixed_and_says_why(tmp_p
     report = json.loads((tmp_path / "u" / "report.json").read_text())
     assert "dynamic_axes" not in report["decisions"]
     assert "the artifacts run at the PyTorch example's input sizes only (input [2, 16])" in " ".join(report["notes"])
+
+
+def test_a_hugging_face_folder_holding_an_onnx_export_compresses_with_its_tokenizer(tmp_path, hf_folder, cli):
+    """Optimum's layout (config.json, tokenizer, model.onnx; no PyTorch weights): the ONNX file is the source, the
+    folder's tokenizer turns text into its inputs at the folder's length, and its config and tokenizer go beside
+    the artifacts. ``--task`` does not apply (the export's head is fixed)."""
+    import shutil
+
+    import transformers
+
+    folder = tmp_path / "optimum-export"
+    folder.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt"):
+        if (hf_folder / name).is_file():
+            shutil.copyfile(hf_folder / name, folder / name)
+    bert = transformers.AutoModel.from_pretrained(str(hf_folder)).eval()
+
+    class Exported(nn.Module):  # what Optimum's export computes: the model on keyword inputs, outputs as a tuple
+        def __init__(self):
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids, attention_mask):
+            out = self.bert(input_ids=input_ids, attention_mask=attention_mask)
+            return out.last_hidden_state, out.pooler_output
+
+    ids = torch.ones(1, 12, dtype=torch.int64)
+    axes = {0: "batch_size", 1: "sequence_length"}
+    torch.onnx.export(Exported().eval(), (ids, torch.ones_like(ids)), str(folder / "model.onnx"), dynamo=False,
+                      input_names=["input_ids", "attention_mask"], output_names=["last_hidden_state", "pooler"],
+                      dynamic_axes={"input_ids": axes, "attention_mask": axes, "last_hidden_state": axes},
+                      opset_version=17)
+    source = load_model(folder, {"input_ids": (1, 20)})
+    assert source.kind == "onnx" and source.model_type == "transformer" and source.folder == folder
+    assert [(s.name, s.shape) for s in source.inputs] == [("input_ids", (1, 20)), ("attention_mask", (1, 20))]
+    assert [s.shape for s in load_model(folder).inputs] == [(1, 64), (1, 64)]  # the model's maximum length
+    with pytest.raises(BadInputError, match="holds an ONNX export \\(model.onnx\\), whose head is fixed"):
+        load_model(folder, task="feature-extraction")
+    out = tmp_path / "out"
+    result = cli("compress", folder, "--calib", _texts(tmp_path / "c.txt", 0, 32), "--eval",
+                 _texts(tmp_path / "e.txt", 1, 16), "--input-shape", "input_ids=1,20", "--out", out)
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["quality"]["passed"] and report["quality"]["artifacts"]["onnx"]["outputs"]["pooler"]["cosine"] > 0.99
+    assert {"config.json", "tokenizer.json"} <= set(report["companions"])
+    assert (out / "config.json").read_bytes() == (folder / "config.json").read_bytes()
+    assert "model.onnx" in report["inputs"]["model"]["files"]  # the folder's files, the export among them
