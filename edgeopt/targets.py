@@ -19,6 +19,7 @@ A profile::
     streams = 1
     performance_hint = "LATENCY"
     inference_precision = "f32"
+    spinning = false                # optional, ONNX Runtime only: idle threads wait without spinning (default: spin)
 
     [budgets]                       # edgeopt.device.budgets.Budgets: every key required
     max_file_mb = 64
@@ -68,7 +69,7 @@ _SCHEMA: dict[str, dict[str, tuple]] = {
     "device": {"name": (str,), "cpu": (str,), "arch": (str,), "cores": (int,), "memory_mb": (int,),
                "isa": (list,), "cpu_match": (list,)},
     "runtime": {"name": (str,), "threads": (int,), "streams": (int,), "performance_hint": (str,),
-                "inference_precision": (str,)},
+                "inference_precision": (str,), "spinning": (bool,)},
     "budgets": {key: (int, float) for key in BUDGET_FIELDS},
     "model": {"precisions": (list,), "input_shapes": (dict,), "batch_axes": (dict,), "objective": (str,)},
     "quality": {"metric": (str,), "max_drop": (int, float), "max_rel_drop": (int, float)},
@@ -320,6 +321,9 @@ def _build(path: Path, raw: dict, chain: tuple[str, ...]) -> Target:
     _choice(path, "device.arch", device["arch"], ARCHES)
     _choice(path, "runtime.name", runtime["name"], RUNTIMES)
     _choice(path, "runtime.inference_precision", runtime["inference_precision"], PRECISIONS)
+    if "spinning" in runtime and runtime["name"] != "onnxruntime":
+        raise BadInputError(f"{path}: 'runtime.spinning' is an ONNX Runtime setting (ONNX Runtime only); this "
+                            f"profile's runtime.name is '{runtime['name']}'")
     if "performance_hint" in runtime:
         _choice(path, "runtime.performance_hint", runtime["performance_hint"], HINTS)
     for key in ("device.cores", "device.memory_mb", "runtime.threads", "runtime.streams"):
@@ -335,7 +339,7 @@ def _build(path: Path, raw: dict, chain: tuple[str, ...]) -> Target:
     _choice(path, "model.objective", objective, OBJECTIVES)
     settings = RuntimeSettings(runtime=runtime["name"], threads=runtime["threads"], streams=runtime.get("streams", 1),
                                performance_hint=runtime.get("performance_hint", "LATENCY"),
-                               inference_precision=runtime["inference_precision"])
+                               inference_precision=runtime["inference_precision"], spinning=runtime.get("spinning"))
     return Target(
         name=path.stem, description=raw["description"],
         device=DeviceInfo(name=device["name"], cpu=device["cpu"], arch=device["arch"], cores=device["cores"],

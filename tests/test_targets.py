@@ -83,6 +83,8 @@ def test_extends_merges_key_by_key(profiles):
     (("threads = 2", 'threads = 2\nname = "tensorrt"'), "runtime.name", "must be one of"),
     (("threads = 2", 'threads = 2\ninference_precision = "int4"'), "runtime.inference_precision", "must be one of"),
     (("p50_ms = 5", "p50_ms = -5"), "p50_ms", "positive number"),
+    (("threads = 2", "threads = 2\nspinning = false"), "runtime.spinning", "ONNX Runtime only"),
+    (("threads = 2", 'threads = 2\nname = "onnxruntime"\nspinning = "no"'), "runtime.spinning", "must be"),
 ])
 def test_schema_errors_name_the_file_and_the_key(profiles, edit, key, words):
     path = profiles("broken", VALID.replace(*edit))
@@ -160,3 +162,20 @@ def test_objective_is_profile_data(profiles):
     bad = profiles("bad", VALID + '[model]\nprecisions = ["int8"]\nobjective = "fastest"\n')
     with pytest.raises(BadInputError, match="'model.objective' must be one of"):
         load_target(bad)
+
+
+@pytest.mark.parametrize("spinning", [False, True])
+def test_onnx_runtime_spinning_is_profile_data_and_reaches_the_session(profiles, tiny_onnx, spinning):
+    """ONNX Runtime's intra-op threads spin while they wait unless told not to (``session.intra_op.allow_spinning``):
+    on small models that wait is a large share of a run, so a device's profile says which it deploys with."""
+    from edgeopt.device.runtime import open_session
+
+    setting = f'threads = 2\nname = "onnxruntime"\nspinning = {str(spinning).lower()}'
+    profiles("ort", VALID.replace("threads = 2", setting))
+    settings = load_target("ort").settings
+    assert settings.spinning is spinning and settings.describe()["spinning"] is spinning
+    session = open_session(tiny_onnx, settings)
+    assert session.effective_settings()["spinning"] is spinning
+    options = session._session.get_session_options()
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == str(int(spinning))
+    assert open_session(tiny_onnx).effective_settings()["spinning"] is True  # ONNX Runtime's default

@@ -63,10 +63,13 @@ class RuntimeSettings:
     performance_hint: str | None = "LATENCY"
     inference_precision: str | None = "f32"
     device: str = "CPU"
+    spinning: bool | None = None  # ONNX Runtime's intra-op threads spin while they wait (its default, None) or not
 
     def __post_init__(self) -> None:
         if self.runtime not in RUNTIMES:
             raise BadInputError(f"unknown runtime '{self.runtime}' (expected one of {', '.join(RUNTIMES)})")
+        if self.spinning is not None and self.runtime != "onnxruntime":
+            raise BadInputError(f"spinning is an ONNX Runtime setting; runtime '{self.runtime}' has none")
         if self.inference_precision is not None and self.inference_precision not in PRECISIONS:
             raise BadInputError(
                 f"unknown inference precision '{self.inference_precision}' (expected one of {', '.join(PRECISIONS)})"
@@ -268,6 +271,8 @@ class OnnxRuntimeSession(Session):
         options.inter_op_num_threads = 1
         if settings.threads:
             options.intra_op_num_threads = int(settings.threads)
+        if settings.spinning is not None:
+            options.add_session_config_entry("session.intra_op.allow_spinning", "1" if settings.spinning else "0")
         options.log_severity_level = 3
         start = time.perf_counter()
         try:
@@ -300,6 +305,7 @@ class OnnxRuntimeSession(Session):
         described["inference_precision"] = "model precision (ONNX Runtime CPU has no precision hint)"
         described["performance_hint"] = None
         described["streams"] = 1
+        described["spinning"] = self.settings.spinning is not False  # ONNX Runtime's default spins
         return described
 
 
