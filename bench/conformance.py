@@ -99,6 +99,9 @@ CORPUS = [
           {"x": (1, 3, 224, 224)}, trained=True, text=True),
     Entry("yolox-ddddocr", "detector CNN (YOLOX, SiLU, trained)", "onnx file (ddddocr, opset 11)",
           "wheels/ddddocr/common_det.onnx", trained=True, conv=True, pixels=(0.0, 255.0)),
+    Entry("crnn-ddddocr", "OCR recogniser CRNN (Conv, bidirectional LSTM, 8210-class head; trained)",
+          "onnx file (ddddocr, opset 12, dynamic width, declares an output shape it does not compute)",
+          "wheels/ddddocr/common.onnx", {"input1": (1, 1, 64, 160)}, trained=True, text=True, pixels=(0.0, 1.0)),
     Entry("yolov8n-nudenet", "detector CNN (YOLOv8n, SiLU; boxes and scores in one output, trained)",
           "onnx file (nudenet, opset 17, dynamic batch and size)", "wheels/nudenet/320n.onnx",
           {"images": (1, 3, 320, 320)}, trained=True, conv=True, pixels=(0.0, 1.0)),
@@ -278,9 +281,11 @@ def make_data(inputs, count: int, seed: int, entry: Entry | None = None) -> dict
                 arrays[spec.name] = np.ones((count, *spec.shape), dtype=dtype)
             else:
                 arrays[spec.name] = rng.integers(0, 1000, size=(count, *spec.shape)).astype(dtype)
-        elif len(spec.shape) == 4 and spec.shape[1] == 3:
+        elif len(spec.shape) == 4 and spec.shape[1] in (1, 3):
             draw = _text_image if text else _image
-            images = np.stack([draw(spec.shape, rng) for _ in range(count)])
+            images = np.stack([draw((spec.shape[0], 3, *spec.shape[2:]), rng) for _ in range(count)])
+            if spec.shape[1] == 1:  # grayscale, as the model's own preprocessing converts
+                images = images.mean(axis=2, keepdims=True)
             arrays[spec.name] = ((images + 1) / 2 * (high - low) + low).astype(dtype)
         elif "state" in spec.name or spec.name in ("h", "c", "input1", "input2"):
             arrays[spec.name] = (rng.standard_normal((count, *spec.shape)) * 0.1).astype(dtype)

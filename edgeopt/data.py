@@ -20,6 +20,7 @@ Supported sources:
 from __future__ import annotations
 
 import tomllib
+import zipfile
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -256,9 +257,7 @@ def _from_npz(path: Path, inputs: list[TensorSpec]):
     targets = _npz_targets(path, {k: archive.pop(k) for k in sorted(archive)
                                   if k == TARGET_KEY or k.startswith(TARGET_KEY + "_")})
     if len(inputs) == 1 and inputs[0].name not in archive:
-        key = next((k for k in _SINGLE_INPUT_KEYS if k in archive), None)
-        if key is None and len(archive) == 1:
-            key = next(iter(archive))
+        key = _single_input_key(list(archive))
         if key is None:
             raise BadInputError(f"{path}: no array named '{inputs[0].name}' (found {', '.join(sorted(archive)) or 'none'})")
         archive = {inputs[0].name: archive[key]}
@@ -266,6 +265,61 @@ def _from_npz(path: Path, inputs: list[TensorSpec]):
     if missing:
         raise BadInputError(f"{path}: no array for input(s) {', '.join(missing)} (found {', '.join(sorted(archive))})")
     return _zip_inputs({spec.name: _split(archive[spec.name], spec, path) for spec in inputs}, path), labels, targets
+
+
+def _single_input_key(keys: list[str]) -> str | None:
+    """The array of a single-input model's ``.npz`` (its input's name absent): a conventional name, else the
+    only array."""
+    key = next((k for k in _SINGLE_INPUT_KEYS if k in keys), None)
+    return key if key is not None or len(keys) != 1 else keys[0]
+
+
+def sample_shapes(spec: str | Path, inputs: list[TensorSpec]) -> dict[str, tuple[int, ...]]:
+    """Per input, the shape of one sample in the ``.npz`` / ``.npy`` file ``spec``, read from its arrays' headers
+    alone: what a model's dynamic dimensions are when no ``--input-shape`` gives them. An array one rank above
+    the input holds samples stacked (a sample is one row); one of its rank, samples concatenated on the batch
+    axis (a sample is that axis at the declared size, else 1). ``{}`` for other data (a hook, images, text) or
+    an unreadable file: loading it says what is wrong."""
+    path = Path(str(spec))
+    if is_function_spec(str(spec)) or not path.is_file() or path.suffix.lower() not in (".npz", ".npy"):
+        return {}
+    try:
+        headers = _npz_headers(path) if path.suffix.lower() == ".npz" else {"": _npy_header(path)}
+    except (OSError, ValueError, zipfile.BadZipFile):
+        return {}
+    keys = [k for k in headers if k not in _LABEL_KEYS and k != TARGET_KEY and not k.startswith(TARGET_KEY + "_")]
+    if len(inputs) == 1 and inputs[0].name not in headers and (key := _single_input_key(keys)) is not None:
+        headers = {inputs[0].name: headers[key]}
+    shapes = {}
+    for tensor in inputs:
+        shape, rank = headers.get(tensor.name), len(tensor.shape)
+        if shape is not None and len(shape) == rank + 1:
+            shapes[tensor.name] = tuple(shape[1:])
+        elif shape is not None and len(shape) == rank and tensor.batch_dim is not None:
+            batch = tensor.shape[tensor.batch_dim] or 1
+            shapes[tensor.name] = tuple(batch if axis == tensor.batch_dim else d for axis, d in enumerate(shape))
+    return shapes
+
+
+def _npz_headers(path: Path) -> dict[str, tuple[int, ...]]:
+    with zipfile.ZipFile(path) as archive:
+        headers = {}
+        for name in archive.namelist():
+            if name.endswith(".npy"):
+                with archive.open(name) as handle:
+                    headers[name[:-4]] = _read_header(handle)
+        return headers
+
+
+def _npy_header(path: Path) -> tuple[int, ...]:
+    with open(path, "rb") as handle:
+        return _read_header(handle)
+
+
+def _read_header(handle) -> tuple[int, ...]:
+    version = np.lib.format.read_magic(handle)
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    return tuple(read(handle)[0])
 
 
 def _npz_targets(path: Path, arrays: dict[str, np.ndarray]) -> list | None:

@@ -239,7 +239,9 @@ def _shapes(probe: dict[str, np.ndarray], axes: dict[str, list[int]]) -> dict[st
 
 def _declared_onnx(artifact, source, axes: dict[str, list[int]], sample: dict[str, np.ndarray]):
     """A copy of ``artifact`` whose inputs take the source's dimensions on ``axes``, whose outputs take the
-    source's declared shapes, with no inferred intermediate shapes, and the calibrated sizes in its metadata."""
+    source's declared shapes where the artifact's have their rank (none where they do not, or the artifact
+    declares none: a shape the graph does not compute, dropped by ``edgeopt.onnx_prep.outputs_as_computed``), with
+    no inferred intermediate shapes, and the calibrated sizes in its metadata."""
     import onnx
 
     model = onnx.ModelProto()
@@ -254,8 +256,11 @@ def _declared_onnx(artifact, source, axes: dict[str, list[int]], sample: dict[st
     outputs = {value.name: value for value in source.graph.output}
     for value in model.graph.output:
         declared_output = outputs.get(value.name)
-        if declared_output is not None and declared_output.type.tensor_type.HasField("shape"):
-            value.type.tensor_type.shape.CopyFrom(declared_output.type.tensor_type.shape)
+        tensor = value.type.tensor_type
+        if (declared_output is not None and declared_output.type.tensor_type.HasField("shape")
+                and tensor.HasField("shape")
+                and len(declared_output.type.tensor_type.shape.dim) == len(tensor.shape.dim)):
+            tensor.shape.CopyFrom(declared_output.type.tensor_type.shape)
         else:
             value.type.tensor_type.ClearField("shape")
     del model.graph.value_info[:]

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from edgeopt import atomic, jsonio
-from edgeopt.data import load_samples
+from edgeopt.data import load_samples, sample_shapes
 from edgeopt.device.golden import (ARRAYS, MANIFEST, METRIC_FILE, SCHEMA, TARGETS, GoldenResult, GoldenSet,
                                    Tolerance, compare, encode, load_metric_file, session_predict)
 from edgeopt.device.runtime import RuntimeSettings, open_session
@@ -45,7 +45,8 @@ def create_golden(model: str | Path, data: str | Path, out: str | Path, *, metri
     from edgeopt.evaluate import EVAL_SETTINGS, all_outputs, original_predictor
     from edgeopt.source import load_model
 
-    source = load_model(model, input_shapes or {}, batch_axes or {})
+    source = load_model(model, input_shapes or {}, batch_axes or {},
+                        data_shapes=lambda specs: sample_shapes(data, specs))
     evaluation = load_samples(data, source.inputs, source.tokenizer).take(samples)
     reference = all_outputs(original_predictor(source, EVAL_SETTINGS), evaluation, source.output_names)
     bounds = dict(max_abs_error or {})

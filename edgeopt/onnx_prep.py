@@ -42,10 +42,11 @@ def normalise(model, *, optimise: bool = True, feeds: dict | None = None, simpli
     similar fusions that keep the graph portable), then (``simplify``) the element-wise chains it leaves
     simplified: a Conv's constant scale and shift folded into it (:func:`fold_conv_affine`), scalar affine chains
     ahead of unpadded Convs too (:func:`fold_input_affine`), spelled-out hard-swishes as one HardSwish (the opset
-    raised from 13 to 14 for it) or else two ops (:func:`hard_swishes`). Every rewrite computes the same values.
-    ``dynamic``: input name -> the axes the source file declares dynamic, which the optimiser sees dynamic, so
-    that it folds nothing those sizes decide (a Reshape's target, a MatMul+Add written as a Gemm between two
-    Reshapes) and the result can run at other sizes again (``edgeopt.dynamic_axes``)."""
+    raised from 13 to 14 for it) or else two ops (:func:`hard_swishes`), and (``feeds``) an output's declared
+    shape dropped where the graph computes another (:func:`outputs_as_computed`). Every rewrite computes the
+    same values. ``dynamic``: input name -> the axes the source file declares dynamic, which the optimiser
+    sees dynamic, so that it folds nothing those sizes decide (a Reshape's target, a MatMul+Add written as a Gemm
+    between two Reshapes) and the result can run at other sizes again (``edgeopt.dynamic_axes``)."""
     import onnx
 
     copied = onnx.ModelProto()
@@ -90,6 +91,8 @@ def normalise(model, *, optimise: bool = True, feeds: dict | None = None, simpli
             result.steps.append(fused)
     if simplify:
         result.steps += simplify_element_wise(model)
+    if feeds is not None:
+        result.steps += [f"{what}: its declared shape dropped" for what in outputs_as_computed(model, feeds)]
     result.model = model
     return result
 
@@ -215,6 +218,14 @@ def _ort_basic_optimise(model, dynamic: dict[str, list[int]] | None = None) -> t
     after = len(optimised.graph.node)
     folded = f"{before - after} node(s) folded by ONNX Runtime's basic optimiser" if after < before else ""
     return optimised, folded, ""
+
+
+def as_shipped(model, dynamic: dict[str, list[int]] | None):
+    """``model`` with the input axes the source declares dynamic (``dynamic``) opened again, as
+    ``edgeopt.dynamic_axes`` ships it where the check holds: what ONNX Runtime should be timed on. A graph can run
+    slower so (ddddocr's OCR CRNN: its classifier MatMul fuses into QGemm only at static sizes; INT8 4.2 ms static,
+    12.8 ms with the width dynamic, FP32 9.3 ms). ``model`` itself where nothing is dynamic."""
+    return _with_dims(model, dynamic, open_dims=True) if dynamic else model
 
 
 def _with_dims(model, dynamic: dict[str, list[int]], *, open_dims: bool, shapes=None):
@@ -394,7 +405,6 @@ def pool_input_dims(model, feeds: dict) -> dict[str, list[int]]:
     """The shapes of the plain ``AveragePool`` inputs of ``model``, measured by one ONNX Runtime run on ``feeds``
     (empty when there are none, or ONNX Runtime cannot run the model)."""
     import onnx
-    import onnxruntime as ort
 
     wanted = list(dict.fromkeys(node.input[0] for node in _plain_average_pools(model)))
     if not wanted:
@@ -403,11 +413,43 @@ def pool_input_dims(model, feeds: dict) -> dict[str, list[int]]:
     probe.CopyFrom(model)
     probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(name) for name in wanted)
     try:
-        session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
-        values = session.run(wanted, feeds)
+        values = _quiet_session(probe).run(wanted, feeds)
     except Exception:
         return {}
     return {name: list(value.shape) for name, value in zip(wanted, values)}
+
+
+def _quiet_session(model):
+    """An ONNX Runtime session of ``model`` (a ModelProto) that logs errors only."""
+    import onnxruntime as ort
+
+    quiet = ort.SessionOptions()
+    quiet.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), quiet, providers=["CPUExecutionProvider"])
+
+
+def outputs_as_computed(model, feeds: dict) -> list[str]:
+    """Drop the declared shape of each output whose graph computes another on ``feeds`` (in place): ddddocr's OCR
+    model declares ``[1, seqlen]`` and computes ``[20, 1, 8210]``; ONNX Runtime warns on every run of such a file
+    and refuses to run it twice through an IO binding. What was dropped, in words (empty when nothing was, or
+    ONNX Runtime cannot run the model)."""
+    names = [value.name for value in model.graph.output]
+    try:
+        session = _quiet_session(model)
+        wanted = {spec.name for spec in session.get_inputs()}
+        computed = session.run(names, {name: value for name, value in feeds.items() if name in wanted})
+    except Exception:
+        return []
+    dropped = []
+    for value, array in zip(model.graph.output, computed):
+        tensor = value.type.tensor_type
+        if not tensor.HasField("shape"):
+            continue
+        declared = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tensor.shape.dim]
+        if len(declared) != array.ndim or any(isinstance(d, int) and d != s for d, s in zip(declared, array.shape)):
+            tensor.ClearField("shape")
+            dropped.append(f"output '{value.name}' declared {declared}, computes {list(array.shape)}")
+    return dropped
 
 
 def count_ops(model, op_type: str) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import tempfile
 import time
 from dataclasses import dataclass, field, replace
@@ -12,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from edgeopt import atomic, jsonio
-from edgeopt.data import SampleSet, load_samples
+from edgeopt.data import SampleSet, load_samples, sample_shapes
 from edgeopt.device.formats import format_for_runtime, model_suffixes
 from edgeopt.device.golden import GoldenResult, GoldenSet, load_golden
 from edgeopt.device.host import host_info
@@ -213,7 +214,7 @@ def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target
                      golden_set: GoldenSet | None, timer: "_Timer", scratch: Path) -> CompressResult:
     with timer("load"):
         axes = {**(getattr(profile, "batch_axes", None) or {}), **(batch_axes or {})}
-        source = load_model(model, shapes, axes, task)
+        source = load_model(model, shapes, axes, task, data_shapes=functools.partial(sample_shapes, calibration))
         _check_gated_outputs(source, gate)
         if recipe.sets_precision:
             _check_not_quantized(source)
@@ -264,6 +265,9 @@ def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target
                 result.notes.append(f"beside the artifacts, from {loaded.path}: {', '.join(companions)}")
             if reopened:
                 result.decisions["dynamic_axes"] = {name: check.describe() for name, check in reopened.items()}
+            if loaded.sized_by_data:
+                result.notes.append("dynamic input dimensions sized by the calibration data's samples (no "
+                                    "--input-shape): " + ", ".join(loaded.sized_by_data))
             result.notes.extend(_fixed_dims_notes(source.fixed_dims(), reopened, unchecked))
             if loaded.kind == "torch" and not loaded.declared_inputs:
                 result.notes.append("the artifacts run at the PyTorch example's input sizes only ("

@@ -10,6 +10,7 @@ A model spec is a path; ``file.py:factory`` names a Python function returning ``
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ class SourceModel:
     output_names: list[str] = field(default_factory=list)
     tokenizer: Any = None  # a Hugging Face tokenizer, for text data (Hugging Face model folders)
     folder: Path | None = None  # the Hugging Face model folder it came from (its config and tokenizer go beside)
+    sized_by_data: list[str] = field(default_factory=list)  # dynamic dims the calibration data sized (``x[3] = 160``)
     model_type: str | None = None  # "transformer" when the source says so (a ``transformers`` model)
     quantized_ops: dict[str, int] = field(default_factory=dict)  # an ONNX file's (edgeopt.onnx_prep.quantized_ops)
     declared_inputs: list[TensorSpec] = field(default_factory=list)  # None where dynamic: an ONNX/IR file's, a HF
@@ -149,11 +151,13 @@ def fixed_dim(name: str, axis: int, size: int) -> str:
 
 
 def load_model(spec: str | Path, input_shapes: dict[str, tuple[int, ...]] | None = None,
-               batch_axes: dict[str, int | None] | None = None, task: str | None = None) -> SourceModel:
+               batch_axes: dict[str, int | None] | None = None, task: str | None = None,
+               data_shapes: Callable[[list[TensorSpec]], dict] | None = None) -> SourceModel:
     """Load ``spec`` and resolve static input specs; every failure is a one-line ``BadInputError``.
 
     ``batch_axes`` overrides the batch axis read off the model, by input name; ``task`` picks the head of a
-    Hugging Face model folder (``edgeopt.hf.TASKS``).
+    Hugging Face model folder (``edgeopt.hf.TASKS``); ``data_shapes`` sizes an ONNX or IR file's dynamic
+    dimensions that neither ``input_shapes`` nor the file gives, from the calibration data (``_resolve_shapes``).
     """
     input_shapes, batch_axes = input_shapes or {}, batch_axes or {}
     text = str(spec)
@@ -168,13 +172,13 @@ def load_model(spec: str | Path, input_shapes: dict[str, tuple[int, ...]] | None
         from edgeopt.hf import load_hf_folder
 
         source = load_hf_folder(path, task, input_shapes, torch_source,
-                                lambda onnx_file, shapes: _load_onnx(onnx_file, shapes, batch_axes))
+                                lambda onnx_file, shapes: _load_onnx(onnx_file, shapes, batch_axes, data_shapes))
     elif factory:
         source = _load_torch_factory(path, factory, input_shapes)
     elif suffix == ".onnx":
-        source = _load_onnx(path, input_shapes, batch_axes)
+        source = _load_onnx(path, input_shapes, batch_axes, data_shapes)
     elif suffix == ".xml":
-        source = _load_openvino(path, input_shapes, batch_axes)
+        source = _load_openvino(path, input_shapes, batch_axes, data_shapes)
     elif suffix in TORCH_ARCHIVE_SUFFIXES:
         source = _load_torch_archive(path, input_shapes)
     elif suffix == ".py":
@@ -360,7 +364,7 @@ def _output_names(module, example_input) -> list[str]:
     return ["output"] if count == 1 else [f"output{i}" for i in range(count)]
 
 
-def _load_onnx(path: Path, input_shapes: dict, batch_axes: dict) -> SourceModel:
+def _load_onnx(path: Path, input_shapes: dict, batch_axes: dict, data_shapes=None) -> SourceModel:
     import onnx
 
     try:
@@ -380,13 +384,13 @@ def _load_onnx(path: Path, input_shapes: dict, batch_axes: dict) -> SourceModel:
         specs.append(TensorSpec(value.name, tuple(size for size, _ in declared), dtype, model_batch_axis(declared)))
     outputs = [value.name for value in model.graph.output]
     recorded = onnx_recorded_shapes({prop.key: prop.value for prop in model.metadata_props})
-    return SourceModel("onnx", path, _resolve_shapes(path, _with_batch_axes(path, specs, batch_axes), input_shapes,
-                                                     recorded),
-                       onnx_path=path, output_names=outputs, quantized_ops=quantized_ops(model),
-                       declared_inputs=specs)
+    inputs, by_data = _resolve_shapes(path, _with_batch_axes(path, specs, batch_axes), input_shapes, recorded,
+                                      data_shapes)
+    return SourceModel("onnx", path, inputs, onnx_path=path, output_names=outputs, quantized_ops=quantized_ops(model),
+                       declared_inputs=specs, sized_by_data=by_data)
 
 
-def _load_openvino(path: Path, input_shapes: dict, batch_axes: dict) -> SourceModel:
+def _load_openvino(path: Path, input_shapes: dict, batch_axes: dict, data_shapes=None) -> SourceModel:
     import openvino as ov
 
     if not path.with_suffix(".bin").is_file():
@@ -401,9 +405,9 @@ def _load_openvino(path: Path, input_shapes: dict, batch_axes: dict) -> SourceMo
         dtype = port.get_element_type().to_dtype().name
         specs.append(TensorSpec(port.get_any_name(), dims, dtype, model_batch_axis([(d, None) for d in dims])))
     outputs = [port.get_any_name() if port.get_names() else f"output{i}" for i, port in enumerate(model.outputs)]
-    return SourceModel("openvino", path, _resolve_shapes(path, _with_batch_axes(path, specs, batch_axes), input_shapes,
-                                                         openvino_recorded_shapes(model)),
-                       output_names=outputs, declared_inputs=specs)
+    inputs, by_data = _resolve_shapes(path, _with_batch_axes(path, specs, batch_axes), input_shapes,
+                                      openvino_recorded_shapes(model), data_shapes)
+    return SourceModel("openvino", path, inputs, output_names=outputs, declared_inputs=specs, sized_by_data=by_data)
 
 
 def _load_torch_factory(path: Path, factory: str, input_shapes: dict) -> SourceModel:
@@ -507,16 +511,25 @@ def _check_runs(path: Path, module, example: tuple) -> None:
                             f"(check --input-shape: {first_line(exc, 160)})") from exc
 
 
-def _resolve_shapes(path: Path, specs: list[TensorSpec], input_shapes: dict,
-                    recorded: dict | None = None) -> list[TensorSpec]:
+def _resolve_shapes(path: Path, specs: list[TensorSpec], input_shapes: dict, recorded: dict | None = None,
+                    data_shapes: Callable[[list[TensorSpec]], dict] | None = None
+                    ) -> tuple[list[TensorSpec], list[str]]:
     """Each input at a static shape: the one given, else the sizes the file records (edgeopt's artifacts), else
-    its declared shape with a dynamic batch axis at 1."""
+    its declared shape with its dynamic dimensions as the calibration data's samples have them
+    (``data_shapes(specs)``: input name -> one sample's shape, ``edgeopt.data.sample_shapes``), else with a dynamic
+    batch axis at 1. Also the dimensions sized by the data (``x[3] = 160``)."""
     _check_names(path, [spec.name for spec in specs], input_shapes, "--input-shape")
-    resolved = []
+    resolved, by_data, seen = [], [], None
     for spec in specs:
         stored = tuple((recorded or {}).get(spec.name, ()))
         fits = len(stored) == len(spec.shape) and all(d is None or d == s for d, s in zip(spec.shape, stored))
         shape = input_shapes.get(spec.name, stored if fits else spec.shape)
+        if None in shape and data_shapes is not None:
+            seen = data_shapes(specs) if seen is None else seen
+            sample = seen.get(spec.name, ())
+            if len(sample) == len(shape) and all(d is None or d == s for d, s in zip(shape, sample)):
+                by_data += [f"{spec.name}[{axis}] = {s}" for axis, (d, s) in enumerate(zip(shape, sample)) if d is None]
+                shape = tuple(sample)
         if spec.name not in input_shapes and spec.batch_dim is not None and shape[spec.batch_dim] is None:
             shape = tuple(1 if axis == spec.batch_dim else d for axis, d in enumerate(shape))
         if len(shape) != len(spec.shape) or any(m is not None and m != g for m, g in zip(spec.shape, shape)):
@@ -526,4 +539,4 @@ def _resolve_shapes(path: Path, specs: list[TensorSpec], input_shapes: dict,
             raise BadInputError(f"{path}: input '{spec.name}' has a dynamic shape {format_shape(spec.shape)}; "
                                 f"give it with --input-shape {spec.name}=D1,D2,...")
         resolved.append(TensorSpec(spec.name, tuple(shape), spec.dtype, spec.batch_axis))
-    return resolved
+    return resolved, by_data

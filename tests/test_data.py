@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from edgeopt.data import load_samples
+from edgeopt.data import load_samples, sample_shapes
 from edgeopt.device.runtime import TensorSpec
 from edgeopt.errors import BadInputError
 
@@ -103,3 +103,21 @@ def test_attribute_error_inside_a_hook_is_reported_as_such(tmp_path):
     hook.write_text("def data():\n    return None.shape\n")
     with pytest.raises(BadInputError, match="hook.py:data failed .*'NoneType' object has no attribute"):
         load_samples(f"{hook}:data", IMAGE)
+
+
+def test_sample_shapes_read_the_arrays_headers_as_the_loader_splits_them(tmp_path):
+    """What a model's dynamic dimensions are when the data shows them: stacked arrays give one row, arrays
+    concatenated on the batch axis that axis at the declared size (else 1); a single-input model's lone or
+    conventionally named array; nothing for data the headers cannot say (a hook, a folder)."""
+    specs = [TensorSpec("image", (None, 1, 64, None), "float32"), TensorSpec("state", (2, None, 8), "float32", 1)]
+    np.savez(tmp_path / "a.npz", image=np.zeros((5, 1, 64, 160), np.float32), state=np.zeros((6, 2, 1, 8)),
+             labels=np.arange(5))
+    assert sample_shapes(tmp_path / "a.npz", specs) == {"image": (1, 1, 64, 160), "state": (2, 1, 8)}
+    np.save(tmp_path / "b.npy", np.zeros((4, 1, 1, 64, 96), np.float32))
+    assert sample_shapes(tmp_path / "b.npy", specs[:1]) == {"image": (1, 1, 64, 96)}
+    np.savez(tmp_path / "c.npz", x=np.zeros((4, 1, 64, 96), np.float32), y=np.arange(4))
+    assert sample_shapes(tmp_path / "c.npz", specs[:1]) == {"image": (1, 1, 64, 96)}
+    assert sample_shapes(tmp_path / "c.npz", specs) == {}  # two inputs: arrays by name only
+    assert sample_shapes(f"{tmp_path / 'hook.py'}:samples", specs) == sample_shapes(tmp_path, specs) == {}
+    (tmp_path / "broken.npz").write_bytes(b"not a zip")
+    assert sample_shapes(tmp_path / "broken.npz", specs) == {}

@@ -166,3 +166,64 @@ def test_weights_only_int8_onnx_loads_in_onnx_runtime_and_shrinks_the_cell(tmp_p
     assert "recurrent weight(s)" in notes
     if recurrent["name"] == "lstm":  # its Conv frontend
         assert "stored per output channel" in notes
+
+
+class TinyCRNN(nn.Module):
+    """ddddocr-shaped OCR recogniser: Conv features over a variable-width grey line, a bidirectional LSTM along
+    the width, a large class head (most of the weights): logits ``[steps, 1, classes]``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 16, 3, stride=(4, 2), padding=1)
+        self.cell = nn.LSTM(16 * 4, 32, bidirectional=True)
+        self.head = nn.Linear(64, 600)
+
+    def forward(self, image):
+        feats = torch.relu(self.conv(image))  # 1 x 16 x 4 x W/2
+        steps = feats.flatten(1, 2).permute(2, 0, 1)  # W/2 x 1 x 64
+        out, _ = self.cell(steps)
+        return self.head(out)
+
+
+def test_a_crnn_with_a_dynamic_width_gets_its_head_quantized_dynamically(tmp_path, cli):
+    """A recurrent model whose Gemm/MatMul hold most weights also gets ``ort-hybrid`` (Convs static, MatMuls
+    dynamic): at a dynamic width the static QDQ head does not fuse in ONNX Runtime (ddddocr's CRNN: 2.6x its static
+    p50). Its declared output shape, wrong as ddddocr's is, is dropped from the artifact, which runs through an IO
+    binding at two widths; the width is sized by the calibration data (no --input-shape)."""
+    from edgeopt.device.runtime import open_session
+    from edgeopt.passes.onnx_int8 import HYBRID_BACKEND, default_backends, matmul_weight_share
+
+    torch.manual_seed(0)
+    model = tmp_path / "crnn.onnx"
+    torch.onnx.export(TinyCRNN().eval(), (torch.zeros(1, 1, 16, 48),), str(model), dynamo=False, opset_version=12,
+                      input_names=["input1"], output_names=["logits"],
+                      dynamic_axes={"input1": {3: "width"}, "logits": {0: "steps"}})
+    import onnx
+
+    proto = onnx.load(str(model))
+    del proto.graph.output[0].type.tensor_type.shape.dim[:]  # declare [1, seqlen], as ddddocr's file does
+    proto.graph.output[0].type.tensor_type.shape.dim.add().dim_value = 1
+    proto.graph.output[0].type.tensor_type.shape.dim.add().dim_param = "seqlen"
+    onnx.save(proto, str(model))
+    assert matmul_weight_share(proto) > 0.25 and HYBRID_BACKEND in default_backends(proto, False, recurrent=True)
+
+    rng = np.random.default_rng(0)
+    lines = np.clip(0.8 + 0.1 * rng.standard_normal((40, 1, 1, 16, 48)), 0, 1).astype(np.float32)
+    lines[:, :, :, 5:11, ::3] = 0.1  # strokes
+    np.savez(tmp_path / "calib.npz", input1=lines[:32])
+    np.savez(tmp_path / "eval.npz", input1=lines[32:])
+    out = tmp_path / "out"
+    result = cli("compress", model, "--calib", tmp_path / "calib.npz", "--eval", tmp_path / "eval.npz",
+                 "--format", "onnx", "--min-cosine", "0.98", "--out", out)
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    chosen = report["decisions"]["onnx_int8"]
+    assert HYBRID_BACKEND in {c["backend"] for c in chosen["candidates"]}, chosen
+    assert any("input1[3] = 48" in note and "sized by the calibration data" in note for note in report["notes"])
+    assert report["decisions"]["dynamic_axes"]["onnx"]["opened"] == ["input1[3]"]
+    artifact = onnx.load(str(out / "model.onnx"))
+    assert not artifact.graph.output[0].type.tensor_type.HasField("shape")  # the wrong declaration is gone
+    session = open_session(out / "model.onnx")
+    for width in (48, 80):
+        run = session.bind({"input1": np.full((1, 1, 16, width), 0.5, np.float32)})
+        run(), run()  # twice: a binding reuses the first run's outputs

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edgeopt.atomic import WriteError
-from edgeopt.data import load_samples
+from edgeopt.data import load_samples, sample_shapes
 from edgeopt.device.host import host_info
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.evaluate import Quality, QualityGate
@@ -146,7 +146,7 @@ def prepare(model: str, calibration: str, eval_data: str, target: Target, *, gat
 
     gate = with_metric(gate, Recipe(()), target)
     shapes = {**target.input_shapes, **(input_shapes or {})}
-    source = load_model(model, shapes, target.batch_axes)
+    source = load_model(model, shapes, target.batch_axes, data_shapes=functools.partial(sample_shapes, calibration))
     load_samples(calibration, source.inputs, source.tokenizer)
     load_samples(eval_data, source.inputs, source.tokenizer)
     fmt = format_for_runtime(target.settings.runtime).name

@@ -68,7 +68,7 @@ import numpy as np
 from edgeopt.data import SampleSet
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.model_type import ffn_down_projections
-from edgeopt.onnx_prep import normalise, probe_tensors, tensor_readers, weight_output_axis
+from edgeopt.onnx_prep import as_shipped, normalise, probe_tensors, tensor_readers, weight_output_axis
 from edgeopt.onnx_work import (COMPUTE_OPS, FLOAT_COMPUTE_ACTIVATIONS, FLOAT_COMPUTE_INTENSITY, FOLDED_ACTIVATIONS,
                                Work, work_of)
 from edgeopt.passes.onnx_weights_only import symmetric_int8, weights_only
@@ -90,6 +90,7 @@ HYBRID_BACKEND = "ort-hybrid"  # added for a transformer whose Conv weights are 
 HYBRID_CONV_SHARE = 0.25  # share of the constant Conv/Gemm/MatMul weights in Conv/ConvTranspose that makes a hybrid
 PREFERRED = (HYBRID_BACKEND, ANCHOR)  # the rule's default: the first of these that contends
 RECURRENT_BACKENDS = ("nncf", "ort-conv")  # for a model with recurrent cells: the compute ops quantized only
+HYBRID_MATMUL_SHARE = 0.25  # share of a recurrent model's weights in Gemm/MatMul that adds HYBRID_BACKEND
 ORDER = BACKENDS + TRANSFORMER_BACKENDS[1:] + (HYBRID_BACKEND,)  # the rule's last tie-break
 CONV_OPS = ("Conv", "ConvTranspose")  # what "ort-hybrid" quantizes statically (and their Relu/Clip)
 MIXED_RANGE = 16.0  # an output Concat whose inputs' ranges differ this much stays float (4+ bits of the smaller lost)
@@ -227,12 +228,12 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
         judged, judged_on = ((held_out.samples[:CHOICE_SAMPLES], f"the first {CHOICE_SAMPLES} evaluation samples")
                              if held_out is not None and len(held_out) else
                              (calibration.samples[-CHOICE_SAMPLES:], f"the last {CHOICE_SAMPLES} calibration samples"))
-        fp32_session, reference = _open_reference(prepared.model, judged, Path(tmp))
-        sessions = _open(built, judged, reference, Path(tmp))
+        fp32_session, reference = _open_reference(as_shipped(prepared.model, dynamic), judged, Path(tmp))
+        sessions = _open(built, judged, reference, Path(tmp), dynamic)
         fell_back = arithmetic is not None and backends == (WEIGHTS_ONLY,) and built[0].error is not None
         if fell_back:  # weights-only could not be built or run: int8 compute after all
             built += [build(name) for name in BACKENDS]
-            sessions.update(_open(built[1:], judged, reference, Path(tmp)))
+            sessions.update(_open(built[1:], judged, reference, Path(tmp), dynamic))
         usable = [b for b in built if b.model is not None and b.error is None]
         if not usable:
             raise BadInputError("int8: no INT8 backend can quantize this ONNX model: "
@@ -299,12 +300,14 @@ def default_backends(model, transformer: bool, recurrent: bool = False,
     """The candidates built when none are named: ``BACKENDS`` for a CNN, only ``WEIGHTS_ONLY`` for one whose
     ``arithmetic`` says int8 compute cannot pay (:attr:`edgeopt.onnx_work.Work.float_compute`: a static rule, so
     the same model always gets the same kind), ``RECURRENT_BACKENDS`` for a model with
-    recurrent cells (not a transformer); ``TRANSFORMER_BACKENDS`` for a
+    recurrent cells (not a transformer), plus ``HYBRID_BACKEND`` where its Gemm/MatMul weights are at least
+    ``HYBRID_MATMUL_SHARE`` of them (:func:`matmul_weight_share`); ``TRANSFORMER_BACKENDS`` for a
     transformer, plus ``HYBRID_BACKEND`` where its Conv weights are at least ``HYBRID_CONV_SHARE`` of its weights
     (a patch-embedding Conv, as in ViT, is ~1%; PP-OCRv4's SVTR recogniser 62%)."""
     if not transformer:
         if recurrent:
-            return RECURRENT_BACKENDS
+            hybrid = matmul_weight_share(model) >= HYBRID_MATMUL_SHARE
+            return RECURRENT_BACKENDS + ((HYBRID_BACKEND,) if hybrid else ())
         return (WEIGHTS_ONLY,) if arithmetic is not None and arithmetic.float_compute else BACKENDS
     if conv_weight_share(model) >= HYBRID_CONV_SHARE:
         return TRANSFORMER_BACKENDS + (HYBRID_BACKEND,)
@@ -322,6 +325,24 @@ def conv_weight_share(model) -> float:
             total += sizes[node.input[1]]
             conv += sizes[node.input[1]] if node.op_type in CONV_OPS else 0
     return conv / total if total else 0.0
+
+
+def matmul_weight_share(model) -> float:
+    """Share of ``model``'s constant weights (Conv/ConvTranspose/Gemm/MatMul input 1, recurrent cells' W and R)
+    that Gemm/MatMul hold, by element count; 0 where there is none. A recurrent model where it is at least
+    ``HYBRID_MATMUL_SHARE`` also gets ``HYBRID_BACKEND`` (its MatMuls dynamic): ddddocr's OCR CRNN (Conv, LSTM,
+    an 8210-class Gemm: 67% of its weights) ships with a dynamic width, at which that Gemm's static QDQ does not
+    fuse (ONNX Runtime writes it MatMul + Add and dequantizes its 8.4 M weights on every run)."""
+    graph = model.graph
+    sizes = {init.name: int(np.prod(init.dims)) for init in graph.initializer}
+    matmul = total = 0
+    for node in graph.node:
+        weights = (node.input[1:2] if node.op_type in COMPUTE_OPS else
+                   node.input[1:3] if node.op_type in ONNX_CELLS else [])
+        held = sum(sizes.get(name, 0) for name in weights)
+        total += held
+        matmul += held if node.op_type in ("Gemm", "MatMul") else 0
+    return matmul / total if total else 0.0
 
 
 def contenders(built: list[Built], floor: float | None = None) -> list[Built]:
@@ -809,8 +830,10 @@ def _open_reference(fp32_model, samples: list[dict], folder: Path):
     return session, [session.infer(s) for s in samples]
 
 
-def _open(built: list[Built], samples: list[dict], reference: list, folder: Path) -> dict:
-    """Save each candidate under ``folder``, open it in ONNX Runtime, fill its size and fidelity (against the FP32
+def _open(built: list[Built], samples: list[dict], reference: list, folder: Path,
+          dynamic: dict[str, list[int]] | None = None) -> dict:
+    """Save each candidate under ``folder`` as it ships (``dynamic``: the source's dynamic input axes opened,
+    :func:`edgeopt.onnx_prep.as_shipped`), open it in ONNX Runtime, fill its size and fidelity (against the FP32
     model's outputs ``reference`` on ``samples``); return the sessions by backend. A candidate ONNX Runtime
     refuses gets an error and is out."""
     import onnx
@@ -823,7 +846,7 @@ def _open(built: list[Built], samples: list[dict], reference: list, folder: Path
         if b.model is None:
             continue
         path = folder / f"{b.backend}.onnx"
-        onnx.save(b.model, str(path))
+        onnx.save(as_shipped(b.model, dynamic), str(path))
         try:  # a quantizer can write a graph ONNX Runtime then refuses: that candidate is out
             session = open_session(path, settings)
             b.cosine = worst_output_cosine([session.infer(s) for s in samples], reference)
