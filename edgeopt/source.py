@@ -528,7 +528,8 @@ def _resolve_shapes(path: Path, specs: list[TensorSpec], input_shapes: dict, rec
             seen = data_shapes(specs) if seen is None else seen
             sample = seen.get(spec.name, ())
             if len(sample) == len(shape) and all(d is None or d == s for d, s in zip(shape, sample)):
-                by_data += [f"{spec.name}[{axis}] = {s}" for axis, (d, s) in enumerate(zip(shape, sample)) if d is None]
+                by_data += [f"{spec.name}[{axis}] = {s}" for axis, (d, s) in enumerate(zip(shape, sample))
+                            if d is None and (axis != spec.batch_dim or s != 1)]  # a batch of 1 is the default
                 shape = tuple(sample)
         if spec.name not in input_shapes and spec.batch_dim is not None and shape[spec.batch_dim] is None:
             shape = tuple(1 if axis == spec.batch_dim else d for axis, d in enumerate(shape))

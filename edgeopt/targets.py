@@ -216,7 +216,8 @@ def plan_emulation(target: Target, host: HostInfo) -> Emulation | None:
     if threads < wanted:
         limit = (f"this host has {len(usable)} CPUs" if len(usable) < wanted
                  else f"the device has {target.device.cores} cores, so {len(cpus)} CPUs are pinned")
-        notes.append(f"the profile runs {wanted} threads but {limit}: latency reads higher than on the device")
+        notes.append(f"the profile runs {wanted} threads but {limit}: latency reads higher than {wanted} threads "
+                     f"would give here")
     settings = RuntimeSettings(**(settings.describe() | {"threads": threads}))
     max_isa = None
     if target.device.arch != host.machine:

@@ -73,13 +73,21 @@ def test_wrong_input_shape_option(cli, tmp_path, tiny_onnx, tiny_calib):
 
 
 def test_dynamic_onnx_needs_a_shape(cli, tmp_path, tiny_torch, tiny_calib):
+    """A dynamic dimension neither --input-shape, the file nor the data's arrays size (a hook) is bad input;
+    .npz arrays size it (their headers), and the notes say so."""
     module, example = tiny_torch
     model = tmp_path / "dynamic.onnx"
     torch.onnx.export(module, (example,), str(model), dynamo=False, input_names=["input"],
                       dynamic_axes={"input": {0: "batch", 3: "width"}})
+    hook = tmp_path / "hook.py"
+    hook.write_text("import numpy as np\ndef samples():\n    return [np.zeros((1, 1, 8, 8), np.float32)] * 4\n")
     out = tmp_path / "out"
-    assert_clean_failure(cli("compress", model, "--calib", tiny_calib, "--out", out), out,
+    assert_clean_failure(cli("compress", model, "--calib", f"{hook}:samples", "--out", out), out,
                          mention="--input-shape input=")
+    result = cli("compress", model, "--calib", tiny_calib, "--out", tmp_path / "sized", "--quiet")
+    assert result.exit_code == 0, result.output
+    notes = json.loads((tmp_path / "sized" / "report.json").read_text())["notes"]
+    assert "dynamic input dimensions sized by the calibration data's samples (no --input-shape): input[3] = 8" in notes
     result = cli("compress", model, "--calib", tiny_calib, "--out", out, "--input-shape", "input=1,1,8,8", "--quiet")
     assert result.exit_code == 0, result.output
     assert (out / "model.xml").is_file()

@@ -129,6 +129,17 @@ def test_quality_gate_failure_exits_3_and_keeps_the_report(cli, tmp_path, tiny_o
     assert "quality gate failed" in result.output
     assert "--repair tries cheaper fixes" in result.output  # the IR's INT8 missed it: the ladder may pass it
     assert json.loads((out / "report.json").read_text())["quality"]["passed"] is False
+    # without --eval nothing gates, but the artifacts are still compared on calibration samples, and one
+    # below the gate's cosine is said: a figure in the report and a warning, exit 0
+    result = cli("compress", tiny_onnx, "--calib", tiny_calib, "--out", tmp_path / "ungated",
+                 "--min-cosine", "0.9999999")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "ungated" / "report.json").read_text())
+    assert report["quality"]["passed"] is None
+    assert set(report["quality"]["in_sample_cosine"]) == {"openvino", "onnx"}
+    for fmt, cosine in report["quality"]["in_sample_cosine"].items():
+        assert 0.9 < cosine < 0.9999999
+        assert f"edgeopt: warning: the {fmt} artifact's worst output reads cosine {cosine:.4f}" in result.stderr
 
 
 def test_json_to_stdout_is_pure_json(cli, tmp_path, tiny_onnx, tiny_calib):

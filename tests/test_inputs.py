@@ -383,6 +383,7 @@ def test_a_factory_imports_its_neighbours_and_input_shapes_name_its_inputs(tmp_p
     assert report["decisions"]["dynamic_axes"]["openvino"]["opened"] == ["input[0]"]
     assert report["quality"]["passed"] is None  # no --eval: nothing gated, and the report says so
     assert any(note.startswith("quality not gated: no evaluation data") for note in report["notes"])
+    assert report["quality"]["in_sample_cosine"]["openvino"] > 0.99  # measured all the same, on calibration data
     result = cli("compress", factory, "--calib", tmp_path / "c.npz", "--eval", tmp_path / "e.npz",
                  "--input-shape", "input=8,16", "--out", tmp_path / "o8")
     assert result.exit_code == 2, result.output

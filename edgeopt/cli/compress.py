@@ -107,6 +107,11 @@ def compress(model, calibration, out, formats, precision, recipe, eval_data, max
     if require_device:
         raise_if_not_device(result.validations)
     raise_if_failed(result.validations)
+    for fmt, cosine in result.in_sample_cosine.items():  # nothing gated them, and one reads broken
+        if cosine < result.gate.min_cosine:
+            click.echo(f"edgeopt: warning: the {fmt} artifact's worst output reads cosine {cosine:.4f} to the original "
+                       f"on calibration samples, below {result.gate.min_cosine:g}, and nothing gated it (give "
+                       f"--eval)", err=True)
     for fmt, flags in result.flagged.items():  # the exit summary, even with --quiet (a failed run's one line
         click.echo(f"edgeopt: warning: the {fmt} artifact is {' and '.join(flags)} "  # is its error; the flags
                    f"({result.vs_fp32[fmt].summary()})", err=True)  # are in report.json and the table)

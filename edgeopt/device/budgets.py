@@ -15,9 +15,9 @@ from edgeopt.errors import BadInputError
 BUDGET_FIELDS: dict[str, tuple[str, str, str]] = {
     "max_file_mb": ("file_mb", "MB", "artifact size on disk"),
     "max_peak_rss_mb": ("peak_rss_mb", "MB", "peak resident memory of the inference process"),
-    "p50_ms": ("p50_ms", "ms", "median latency, batch 1"),
-    "p95_ms": ("p95_ms", "ms", "95th percentile latency, batch 1"),
-    "p99_ms": ("p99_ms", "ms", "99th percentile latency, batch 1"),
+    "p50_ms": ("p50_ms", "ms", "median latency per call, at the measured input shapes"),
+    "p95_ms": ("p95_ms", "ms", "95th percentile latency per call"),
+    "p99_ms": ("p99_ms", "ms", "99th percentile latency per call"),
     "max_cv": ("cv", "", "coefficient of variation of latency (stddev / mean)"),
     "max_p99_over_p50": ("p99_over_p50", "", "tail ratio p99 / p50"),
 }

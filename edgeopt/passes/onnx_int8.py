@@ -73,6 +73,7 @@ from edgeopt.onnx_work import (COMPUTE_OPS, FLOAT_COMPUTE_ACTIVATIONS, FLOAT_COM
                                Work, work_of)
 from edgeopt.passes.onnx_weights_only import symmetric_int8, weights_only
 from edgeopt.recurrent import ONNX_CELLS, ONNX_WEIGHT_AXIS, ONNX_WEIGHT_INPUTS, has_onnx_cells
+from edgeopt.recurrent import TOLERANCE as RECURRENT_TOLERANCE
 from edgeopt.vs_fp32 import (BLOCK_S, COVERAGE, THREADS, Rounds, interleaved_rounds, median_interval,
                              settings_for)
 
@@ -91,6 +92,9 @@ HYBRID_CONV_SHARE = 0.25  # share of the constant Conv/Gemm/MatMul weights in Co
 PREFERRED = (HYBRID_BACKEND, ANCHOR)  # the rule's default: the first of these that contends
 RECURRENT_BACKENDS = ("nncf", "ort-conv")  # for a model with recurrent cells: the compute ops quantized only
 HYBRID_MATMUL_SHARE = 0.25  # share of a recurrent model's weights in Gemm/MatMul that adds HYBRID_BACKEND
+CELL_MODES = ("dynamic", "weights", "float")  # a recurrent model's cells, most compressed first
+CELL_LABELS = {"dynamic": "DynamicQuantizeLSTM (GRU/RNN: int8 W/R)", "weights": "int8 W/R, float compute",
+               "float": "float"}
 ORDER = BACKENDS + TRANSFORMER_BACKENDS[1:] + (HYBRID_BACKEND,)  # the rule's last tie-break
 CONV_OPS = ("Conv", "ConvTranspose")  # what "ort-hybrid" quantizes statically (and their Relu/Clip)
 MIXED_RANGE = 16.0  # an output Concat whose inputs' ranges differ this much stays float (4+ bits of the smaller lost)
@@ -217,8 +221,6 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
         try:
             quantized = builders[name](prepared.model)
             quantize_weights(quantized, ffn)  # float activations, int8 weights: the file still shrinks ~4x
-            if recurrent:
-                quantized = quantize_recurrent(quantized)
             return Built(name, quantized)
         except Exception as exc:  # a backend that cannot handle the graph: the other one may
             return Built(name, error=f"{type(exc).__name__}: {first_line(exc)}"[:300])
@@ -229,6 +231,17 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
                              if held_out is not None and len(held_out) else
                              (calibration.samples[-CHOICE_SAMPLES:], f"the last {CHOICE_SAMPLES} calibration samples"))
         fp32_session, reference = _open_reference(as_shipped(prepared.model, dynamic), judged, Path(tmp))
+        if recurrent:
+            mode, cosines = recurrent_mode(prepared.model, judged, reference)
+            prepared.steps.append(f"recurrent cells {CELL_LABELS[mode]}, the most compressed within "
+                                  f"{RECURRENT_TOLERANCE} of the best worst-output cosine with only the cells "
+                                  f"quantized (" + ", ".join(f"{CELL_LABELS[m]} {c:.4f}" for m, c in cosines.items())
+                                  + f", on {judged_on})")
+            for b in built:
+                try:
+                    b.model = None if b.model is None else quantize_recurrent(b.model, mode)
+                except Exception as exc:  # noqa: BLE001 - that candidate is out, as a quantizer's failure puts it
+                    b.model, b.error = None, f"{type(exc).__name__}: {first_line(exc)}"[:300]
         sessions = _open(built, judged, reference, Path(tmp), dynamic)
         fell_back = arithmetic is not None and backends == (WEIGHTS_ONLY,) and built[0].error is not None
         if fell_back:  # weights-only could not be built or run: int8 compute after all
@@ -687,20 +700,48 @@ def _through_files(model, quantize):
         return onnx.load(str(dst))
 
 
-def quantize_recurrent(model):
-    """The recurrent cells' weights int8 (``edgeopt.recurrent``): each LSTM becomes ONNX Runtime's
-    DynamicQuantizeLSTM (int8 W/R; X and the state quantized inside the kernel on each call), GRU and RNN, which
-    ONNX Runtime has no int8 kernel for, get W/R int8 behind a DequantizeLinear (:func:`quantize_weights`).
+def quantize_recurrent(model, mode: str = "dynamic"):
+    """The recurrent cells as ``mode`` (``CELL_MODES``; ``edgeopt.recurrent``) says: ``dynamic``, each LSTM becomes
+    ONNX Runtime's DynamicQuantizeLSTM (int8 W/R; X and the state quantized inside the kernel on each call), GRU
+    and RNN, which ONNX Runtime has no int8 kernel for, W/R int8 behind a DequantizeLinear
+    (:func:`quantize_weights`); ``weights``, every cell's W/R so (float compute); ``float``, as they are.
     Measured on the bench's lstm-stateful (32-step LSTM, ONNX Runtime 1.32, 2 threads, 15 interleaved rounds):
     W/R behind DequantizeLinear 0.56x FP32's size at 0.98-1.17x its p50, DynamicQuantizeLSTM 0.55x at 0.72x,
     every output's cosine 0.9999."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    if any(node.op_type == "LSTM" for node in model.graph.node):
+    if mode == "float":
+        return model
+    if mode == "dynamic" and any(node.op_type == "LSTM" for node in model.graph.node):
         model = _through_files(model, lambda src, dst: quantize_dynamic(
             src, dst, weight_type=QuantType.QInt8, op_types_to_quantize=["LSTM"]))
     quantize_weights(model, [], recurrent=True)
     return model
+
+
+def recurrent_mode(model, samples: list[dict], reference: list) -> tuple[str, dict[str, float]]:
+    """How ``model``'s recurrent cells are quantized: each of ``CELL_MODES`` (``dynamic`` only with an LSTM) applied
+    to the float model alone, its worst output's cosine to FP32 (``reference``, on ``samples``); the first, the
+    most compressed, within ``edgeopt.recurrent.TOLERANCE`` of the best. resemblyzer's speaker encoder (3-layer
+    LSTM, trained): DynamicQuantizeLSTM 0.76, W/R int8 with float compute 0.97, float 0.9993 — the embedding
+    useless at the first two (the same speaker 0.98, another 0.56). Also each mode's cosine (a mode ONNX Runtime
+    cannot run is left out)."""
+    import onnx
+
+    from edgeopt.onnx_prep import _quiet_session
+
+    modes = CELL_MODES if any(node.op_type == "LSTM" for node in model.graph.node) else CELL_MODES[1:]
+    cosines = {}
+    for mode in modes:
+        copied = onnx.ModelProto()
+        copied.CopyFrom(model)
+        try:
+            session = _quiet_session(quantize_recurrent(copied, mode))
+            cosines[mode] = worst_output_cosine([session.run(None, s) for s in samples], reference)
+        except Exception:  # noqa: BLE001 - a form ONNX Runtime refuses is no option
+            continue
+    best = max(cosines.values())
+    return next(mode for mode in modes if mode in cosines and cosines[mode] >= best - RECURRENT_TOLERANCE), cosines
 
 
 def _ort_dynamic(model, ignored: list[str]):
