@@ -208,6 +208,8 @@ def _compress_report(artifact: Path) -> tuple[dict | None, Path | None]:
         if not artifact.is_dir():
             return None, None  # a file of the user's beside the model, not edgeopt's
         raise BadInputError(f"{path}: not a readable compress report ({first_line(exc)})") from exc
+    if artifact.is_dir() and isinstance(data, dict) and data.get("report") == "optimize":
+        return _chosen_compress_report(artifact, data, path)
     if not artifact.is_dir() and not (isinstance(data, dict) and "recipe" in data and any(
             isinstance(entry, dict) and entry.get("path") == artifact.name and _same_file(artifact, entry)
             for entry in data.get("artifacts") or [])):
@@ -215,6 +217,32 @@ def _compress_report(artifact: Path) -> tuple[dict | None, Path | None]:
     if not isinstance(data, dict) or "recipe" not in data:
         raise BadInputError(f"{path}: not a compress report (no 'recipe')")
     return data, path
+
+
+def _chosen_compress_report(folder: Path, optimize: dict, path: Path) -> tuple[dict, Path]:
+    """For the folder ``edgeopt optimize`` wrote: the compress report of the artifact it chose, from the cache entry
+    that built it (its quality gate, provenance and recipe), once the folder's model files are checked to be that
+    artifact's files."""
+    chosen = next((c for c in optimize.get("candidates") or [] if c.get("label") == optimize.get("chosen")), None)
+    if chosen is None or not chosen.get("artifact"):
+        raise BadInputError(f"{path}: optimize chose no artifact (verdict: {optimize.get('verdict')}); nothing to "
+                            f"package")
+    entry = Path(chosen["artifact"]).parent / "report.json"
+    try:
+        data = json.loads(entry.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        raise BadInputError(f"{path}: the compress report of optimize's choice ({entry}) is gone or unreadable; "
+                            f"run optimize again, or package {chosen['artifact']}") from None
+    from edgeopt.file_digest import sha256_file
+
+    chosen_files = set(optimize.get("chosen_files") or [])
+    recorded = {name: value.get("sha256") for a in data.get("artifacts") or [] if isinstance(a, dict)
+                for name, value in (a.get("files") or {}).items() if name in chosen_files and isinstance(value, dict)}
+    for name, sha256 in recorded.items():
+        if not (folder / name).is_file() or sha256_file(folder / name) != sha256:
+            raise BadInputError(f"{folder / name}: not the file optimize chose (missing, or its sha256 differs "
+                                f"from {entry}'s)")
+    return data, entry
 
 
 def _check_gate(compress_report: dict | None, path: Path | None, models: list[Path]) -> None:

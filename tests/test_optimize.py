@@ -61,6 +61,28 @@ def test_digits_tight_finds_a_passing_artifact_that_loads(digits):
     assert "FOUND" in result.output and "emulated on" in result.output
 
 
+def test_the_folder_optimize_wrote_packages_with_its_choice_s_compress_report(digits, tmp_path, cli):
+    """``package out/`` after ``optimize``: the chosen artifact's compress report comes from the cache entry that
+    built it (quality gate, recipe, provenance); a file in out/ that is not the one chosen is refused."""
+    from bundle_support import FAST, LOOSE_TAIL, LOOSE_TARGET
+
+    from edgeopt.device.bundle_reader import open_bundle
+
+    _, out, cache, report = digits
+    target = tmp_path / "loose.toml"
+    target.write_text(LOOSE_TARGET.format(runtime="openvino") + LOOSE_TAIL.split("[model]")[0])
+    result = cli("package", out, "--target", target, "--out", tmp_path / "b.tar.gz", *FAST)
+    assert result.exit_code == 0, result.output
+    manifest = open_bundle(tmp_path / "b.tar.gz").manifest
+    chosen = next(c for c in report["candidates"] if c["label"] == report["chosen"])
+    assert manifest["recipe"] == chosen["recipe"] and manifest["quality"]
+    copied = tmp_path / "copied"
+    shutil.copytree(out, copied)
+    (copied / "model.bin").write_bytes((copied / "model.bin").read_bytes()[:-4] + b"\0\0\0\0")
+    result = cli("package", copied, "--target", target, "--out", tmp_path / "c.tar.gz", *FAST)
+    assert result.exit_code == 2 and "not the file optimize chose" in result.output, result.output
+
+
 def test_rerun_reuses_cached_artifacts_and_measurements(digits, tmp_path):
     _, _, cache, first = digits
     out = tmp_path / "again"
