@@ -340,7 +340,8 @@ def speech_like(seconds: float, seed: int) -> np.ndarray:
 def mel_windows(count: int, frames: int, seed: int) -> np.ndarray:
     """``count`` windows of ``frames`` 40-channel power-mel frames ``[count, 1, frames, 40]`` of synthetic speech
     (:func:`speech_like`), as resemblyzer computes them: 16 kHz audio normalised to -30 dBFS, 25 ms Hann windows
-    every 10 ms, |STFT|^2 through 40 Slaney-style triangular mel filters (librosa's default) over 0-8 kHz."""
+    every 10 ms, |STFT|^2 through 40 triangular mel filters over 0-8 kHz, area-normalised (librosa's Slaney norm),
+    on the HTK mel scale (librosa's default is Slaney's scale: the filters' centres differ a little)."""
     audio = speech_like(count * frames * 0.01 + 1.0, seed).astype(np.float64)
     audio *= 10 ** (-30 / 20) / (np.sqrt(np.mean(audio ** 2)) + 1e-12)
     n_fft, hop = 400, 160

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -50,6 +50,7 @@ class Reopened:
     calibrated_cosine: float | None  # and at the calibrated sizes
     samples: int  # calibration samples the check ran
     reason: str  # why the fixed ones stay fixed ("" when none does)
+    axes: dict[str, list[int]] = field(default_factory=dict)  # ``opened`` by input name: the axes declared dynamic
 
     def describe(self) -> dict:
         return {"opened": list(self.opened), "fixed": list(self.fixed),
@@ -151,7 +152,7 @@ def reopen(artifact, source, declared: list[TensorSpec], samples: list[dict[str,
         fixed = _fixed(dynamic, axes, sample)
         return model, Reopened(kind.label, _names(axes), fixed, [sizes for sizes, _, _ in probes],
                                round(worst.cosine, 6), round(at_calibrated.cosine, 6), len(samples),
-                               "; ".join(dict.fromkeys(failures)) if fixed else "")
+                               "; ".join(dict.fromkeys(failures)) if fixed else "", axes)
     return artifact, Reopened(kind.label, [], _fixed(dynamic, {}, sample), [], None, None, len(samples),
                               "; ".join(dict.fromkeys(failures)))
 
@@ -260,7 +261,9 @@ def _declared_onnx(artifact, source, axes: dict[str, list[int]], sample: dict[st
         if (declared_output is not None and declared_output.type.tensor_type.HasField("shape")
                 and tensor.HasField("shape")
                 and len(declared_output.type.tensor_type.shape.dim) == len(tensor.shape.dim)):
-            tensor.shape.CopyFrom(declared_output.type.tensor_type.shape)
+            for own, declared in zip(tensor.shape.dim, declared_output.type.tensor_type.shape.dim):
+                if declared.dim_param or not own.dim_value or declared.dim_value == own.dim_value:
+                    own.CopyFrom(declared)  # the source's name for a size, or its size where they agree
         else:
             value.type.tensor_type.ClearField("shape")
     del model.graph.value_info[:]

@@ -98,14 +98,18 @@ def _onnx_source(path: Path, exported: Path, config: dict, tokenizer, input_shap
     PyTorch weights) unless ``input_shapes`` gives them."""
     import onnx
 
-    graph = onnx.load(str(exported), load_external_data=False).graph
+    try:
+        graph = onnx.load(str(exported), load_external_data=False).graph
+    except Exception as exc:  # protobuf's DecodeError and friends
+        raise BadInputError(f"{exported}: not a valid ONNX model ({first_line(exc)})") from exc
     weights = {init.name for init in graph.initializer}
-    dims = {value.name: value.type.tensor_type.shape.dim for value in graph.input if value.name not in weights}
-    dynamic = {name for name, ds in dims.items() if len(ds) == 2 and any(d.dim_value <= 0 for d in ds)}
+    dims = {value.name: [d.dim_value if d.dim_value > 0 else None for d in value.type.tensor_type.shape.dim]
+            for value in graph.input if value.name not in weights}
     given = next((input_shapes[name] for name in tokenizer.model_input_names if name in input_shapes), None)
     length = given[1] if given is not None and len(given) == 2 else min(
         DEFAULT_LENGTH, config.get("max_position_embeddings") or DEFAULT_LENGTH)
-    shapes = {name: (1, length) for name in tokenizer.model_input_names if name in dynamic}
+    shapes = {name: (dims[name][0] or 1, dims[name][1] or length) for name in tokenizer.model_input_names
+              if len(dims.get(name, ())) == 2 and None in dims[name]}  # only the dimensions the export leaves open
     source = load_onnx(exported, {**shapes, **input_shapes})
     source.tokenizer, source.model_type, source.folder = tokenizer, "transformer", path
     return source

@@ -208,8 +208,11 @@ def _compress_report(artifact: Path) -> tuple[dict | None, Path | None]:
         if not artifact.is_dir():
             return None, None  # a file of the user's beside the model, not edgeopt's
         raise BadInputError(f"{path}: not a readable compress report ({first_line(exc)})") from exc
-    if artifact.is_dir() and isinstance(data, dict) and data.get("report") == "optimize":
-        return _chosen_compress_report(artifact, data, path)
+    if isinstance(data, dict) and data.get("report") == "optimize":  # the folder optimize wrote, or a file of it
+        folder = artifact if artifact.is_dir() else artifact.parent
+        if artifact.is_dir() or artifact.name in (data.get("chosen_files") or []):
+            return _chosen_compress_report(folder, data, path)
+        return None, None
     if not artifact.is_dir() and not (isinstance(data, dict) and "recipe" in data and any(
             isinstance(entry, dict) and entry.get("path") == artifact.name and _same_file(artifact, entry)
             for entry in data.get("artifacts") or [])):

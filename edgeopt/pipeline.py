@@ -264,7 +264,7 @@ def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target
                 result.notes.insert(0, left_out)
             result.companions = companions
             if companions:
-                result.notes.append(f"beside the artifacts, from {loaded.path}: {', '.join(companions)}")
+                result.notes.append(f"beside the artifacts, from {loaded.folder}: {', '.join(companions)}")
             if reopened:
                 result.decisions["dynamic_axes"] = {name: check.describe() for name, check in reopened.items()}
             if loaded.sized_by_data:
@@ -277,8 +277,8 @@ def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target
                                     + "): a factory's example fixes every dimension; --input-shape sets others")
             with timer("vs fp32"):
                 result.vs_fp32 = compare_with_fp32(artifacts, baseline.graphs.get("openvino"),
-                                                   baseline.graphs.get("onnx"),
-                                                   calib.samples[0])
+                                                   baseline.graphs.get("onnx"), calib.samples[0],
+                                                   reopened["onnx"].axes if "onnx" in reopened else None)
             if evaluation is not None:
                 with timer("evaluate"):
                     _evaluate(result, source, evaluation)

@@ -194,12 +194,14 @@ def load_model(spec: str | Path, input_shapes: dict[str, tuple[int, ...]] | None
 
 
 def _batch_declared(inputs: list[TensorSpec]) -> list[TensorSpec]:
-    """A PyTorch model's inputs with the batch dynamic, where its example is one batch-1 sample: every input that
-    has a batch axis has it at 1, on whatever axis (a recurrent state's ``[layers, B, hidden]`` on axis 1; the
-    check against the model itself decides whether the artifacts keep it; ``edgeopt.dynamic_axes``); none
-    otherwise (an example of several)."""
+    """A PyTorch model's inputs with the batch dynamic, where its example is one batch-1 sample: some input holds
+    its batch first and at 1, and every other input that has a batch axis has it at 1 too, on whatever axis (a
+    recurrent state's ``[layers, B, hidden]`` on axis 1; the check against the model itself decides whether the
+    artifacts keep it; ``edgeopt.dynamic_axes``); none otherwise — an example of several, whose guessed batch axis
+    would be the first axis of size 1 (``[4, 1, 8, 8]``'s channels, a batch-first sequence's ``[8, 1, 16]``)."""
     batched = [spec for spec in inputs if spec.batch_dim is not None and len(spec.shape) >= 2]
-    if not batched or any(spec.shape[spec.batch_dim] != 1 for spec in batched):
+    if (not any(spec.batch_dim == 0 and spec.shape[0] == 1 for spec in batched)
+            or any(spec.shape[spec.batch_dim] != 1 for spec in batched)):
         return []
     return [TensorSpec(spec.name, _unsized(spec.shape, spec.batch_dim) if spec in batched else spec.shape,
                        spec.dtype, spec.batch_axis) for spec in inputs]

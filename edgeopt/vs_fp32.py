@@ -62,6 +62,7 @@ class VsFp32:
     fp32_p50_ms: float
     ratios: tuple[float, ...]  # one per round: the artifact's block median over FP32's
     settings: RuntimeSettings
+    unbound: tuple[str, ...] = ()  # "FP32" / "the artifact": timed without bound outputs (ONNX Runtime refused)
 
     @property
     def size_ratio(self) -> float:
@@ -110,14 +111,19 @@ class VsFp32:
                     f"paired rounds of ~{BLOCK_S}s per model (order alternating, bound inputs, first calibration "
                     f"sample), ratio of block medians per round; {MIN_ROUNDS} rounds, then more (at most "
                     f"{MAX_ROUNDS}) while the {COVERAGE:.0%} interval on the median ratio straddles "
-                    f"{1 + SLOWER_TOLERANCE}"),
+                    f"{1 + SLOWER_TOLERANCE}" + (f"; {' and '.join(self.unbound)} without bound outputs (ONNX "
+                                                 f"Runtime refuses a binding for a declared output shape its graph "
+                                                 f"does not compute)" if self.unbound else "")),
                     "slower_means": f"the {COVERAGE:.0%} interval on the p50 ratio lies above {1 + SLOWER_TOLERANCE}",
                     "possibly_slower_means": f"the interval straddles {1 + SLOWER_TOLERANCE} after {MAX_ROUNDS} "
                                              "rounds and the median lies above it"}}
 
 
-def compare(artifacts, fp32_ov_model, fp32_onnx_model, feeds: dict[str, np.ndarray]) -> dict[str, VsFp32]:
-    """Each artifact (``export.Artifact``) against FP32 in its format; artifacts saved as FP32 are skipped."""
+def compare(artifacts, fp32_ov_model, fp32_onnx_model, feeds: dict[str, np.ndarray],
+            onnx_dynamic: dict[str, list[int]] | None = None) -> dict[str, VsFp32]:
+    """Each artifact (``export.Artifact``) against FP32 in its format; artifacts saved as FP32 are skipped.
+    ``onnx_dynamic``: the input axes the ONNX artifact declares dynamic, which the FP32 ONNX graph is timed with
+    open too (like for like: a graph can run slower so; ``edgeopt.onnx_prep.as_shipped``)."""
     from edgeopt.device.runtime import open_session
     from edgeopt.export import write_ir
 
@@ -133,16 +139,21 @@ def compare(artifacts, fp32_ov_model, fp32_onnx_model, feeds: dict[str, np.ndarr
             elif artifact.format == "onnx" and fp32_onnx_model is not None:
                 import onnx
 
+                from edgeopt.onnx_prep import as_shipped
+
                 fp32_path = Path(tmp) / "fp32.onnx"
-                onnx.save(fp32_onnx_model, str(fp32_path))
+                onnx.save(as_shipped(fp32_onnx_model, onnx_dynamic), str(fp32_path))
                 fp32_bytes = fp32_path.stat().st_size
             else:
                 continue
             settings = settings_for(artifact.runtime)
-            runs = [open_session(path, settings).bind(feeds) for path in (fp32_path, artifact.path)]
+            sessions = [open_session(path, settings) for path in (fp32_path, artifact.path)]
+            runs = [session.bind(feeds) for session in sessions]
             fp32_p50, p50, ratios = paired_ratios(*runs)
+            unbound = tuple(who for who, session in zip(("FP32", "the artifact"), sessions)
+                            if not session.bound_outputs)
             results[artifact.format] = VsFp32(artifact.format, artifact.bytes, fp32_bytes, p50, fp32_p50,
-                                              tuple(ratios), settings)
+                                              tuple(ratios), settings, unbound)
     return results
 
 

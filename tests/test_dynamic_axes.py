@@ -359,3 +359,25 @@ def test_a_padding_folded_at_the_calibrated_size_keeps_the_width_fixed(tmp_path)
     _, reopened = reopen(onnx.load(str(folded)), source, declared, samples)
     assert reopened.opened == ["x[0]"] and reopened.fixed == ["x[3] = 16"]
     assert "at x=2,3,8,15 an output's norm is" in reopened.reason  # 2x (32) passed; one shorter did not
+
+
+def test_an_output_declared_with_a_size_the_graph_does_not_compute_ships_with_the_computed_one(tmp_path, cli):
+    """``y`` declared ``[N, 5]`` while the graph computes ``[N, 4]``: the INT8 file keeps the source's symbolic
+    batch and the computed width, so ONNX Runtime neither warns on load nor refuses a binding."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((16, 4)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "wrong",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 5])], [weight])
+    model = tmp_path / "wrong.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(model))
+    np.savez(tmp_path / "c.npz", x=np.random.default_rng(1).standard_normal((32, 16)).astype(np.float32))
+    out = tmp_path / "out"
+    result = cli("compress", model, "--calib", tmp_path / "c.npz", "--format", "onnx", "--out", out, "--quiet")
+    assert result.exit_code == 0, result.output
+    dims = onnx.load(str(out / "model.onnx")).graph.output[0].type.tensor_type.shape.dim
+    assert [d.dim_param or d.dim_value for d in dims] == ["N", 4]
+    session = open_session(out / "model.onnx")
+    run = session.bind({"x": np.ones((3, 16), np.float32)})
+    run(), run()

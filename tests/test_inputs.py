@@ -410,6 +410,12 @@ def test_a_factory_whose_model_holds_its_batch_keeps_it_fixed_and_says_why(tmp_p
         assert decided["opened"] == [] and decided["fixed"] == ["input[0] = 1"], decided
         assert decided["reason"].startswith("the source does not run at input=2,2,16 (") and \
             decided["reason"].count("does not run") == 1, decided  # said once
+    # an example of several samples: no input holds a batch of 1 first, so no size-1 axis is taken for one
+    (tmp_path / "several.py").write_text(
+        "import torch\ndef conv():\n    return torch.nn.Conv2d(1, 2, 3).eval(), torch.zeros(4, 1, 8, 8)\n"
+        "def sequence():\n    return torch.nn.Linear(16, 8).eval(), torch.zeros(8, 1, 16)\n")
+    for name in ("conv", "sequence"):
+        assert load_model(f"{tmp_path / 'several.py'}:{name}").declared_inputs == []
     np.savez(tmp_path / "u.npz", input=np.random.default_rng(0).random((16, 2, 16), dtype=np.float32))
     result = cli("compress", f"{tmp_path / 'held.py'}:unbatched", "--calib", tmp_path / "u.npz", "--out",
                  tmp_path / "u", "--quiet", "--format", "openvino")
@@ -455,6 +461,15 @@ def test_a_hugging_face_folder_holding_an_onnx_export_compresses_with_its_tokeni
     assert [s.shape for s in load_model(folder).inputs] == [(1, 64), (1, 64)]  # the model's maximum length
     with pytest.raises(BadInputError, match="holds an ONNX export \\(model.onnx\\), whose head is fixed"):
         load_model(folder, task="feature-extraction")
+    fixed = tmp_path / "fixed-length"  # an export at a fixed length keeps it; only open dimensions are filled
+    shutil.copytree(folder, fixed)
+    torch.onnx.export(Exported().eval(), (ids, torch.ones_like(ids)), str(fixed / "model.onnx"), dynamo=False,
+                      input_names=["input_ids", "attention_mask"], output_names=["last_hidden_state", "pooler"],
+                      dynamic_axes={"input_ids": {0: "b"}, "attention_mask": {0: "b"}}, opset_version=17)
+    assert [s.shape for s in load_model(fixed).inputs] == [(1, 12), (1, 12)]
+    (fixed / "model.onnx").write_bytes(b"not a protobuf")
+    with pytest.raises(BadInputError, match="model.onnx: not a valid ONNX model"):
+        load_model(fixed)
     out = tmp_path / "out"
     result = cli("compress", folder, "--calib", _texts(tmp_path / "c.txt", 0, 32), "--eval",
                  _texts(tmp_path / "e.txt", 1, 16), "--input-shape", "input_ids=1,20", "--out", out)

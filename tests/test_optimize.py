@@ -76,6 +76,9 @@ def test_the_folder_optimize_wrote_packages_with_its_choice_s_compress_report(di
     manifest = open_bundle(tmp_path / "b.tar.gz").manifest
     chosen = next(c for c in report["candidates"] if c["label"] == report["chosen"])
     assert manifest["recipe"] == chosen["recipe"] and manifest["quality"]
+    result = cli("package", out / "model.xml", "--target", target, "--out", tmp_path / "f.tar.gz", *FAST)
+    assert result.exit_code == 0, result.output  # one file of it: the same report
+    assert open_bundle(tmp_path / "f.tar.gz").manifest["recipe"] == chosen["recipe"]
     copied = tmp_path / "copied"
     shutil.copytree(out, copied)
     (copied / "model.bin").write_bytes((copied / "model.bin").read_bytes()[:-4] + b"\0\0\0\0")

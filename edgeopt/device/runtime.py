@@ -76,7 +76,10 @@ class RuntimeSettings:
             )
 
     def describe(self) -> dict:
-        return asdict(self)
+        described = asdict(self)
+        if self.spinning is None:  # ONNX Runtime's default: left out, as bundles and readers before it had it
+            del described["spinning"]
+        return described
 
 
 def runtime_for(path: str | Path) -> str:
@@ -105,6 +108,7 @@ class Session:
     outputs: list[TensorSpec]
     settings: RuntimeSettings
     compile_seconds: float
+    bound_outputs: bool = True  # ``bind`` runs with its outputs bound (else a plain run: a copy per call)
     recorded_shapes: dict[str, list[int]]  # the sizes the file records for its dynamic inputs (edgeopt's), or {}
 
     @property
@@ -304,6 +308,7 @@ class OnnxRuntimeSession(Session):
             # a file whose declared output shape its graph does not compute (ddddocr's OCR model: [1, seqlen]
             # declared, [20, 1, 8210] computed) runs with a warning, but not through a binding
             feeds = {spec.name: value for spec, value in zip(self.inputs, self._bound)}
+            self.bound_outputs = False
             return lambda: session.run(None, feeds)
         return lambda: session.run_with_iobinding(binding)
 
