@@ -233,3 +233,27 @@ def test_grouped_conv_correction_matches_the_mean_shift(groups, out):
     means = np.mean([s["x"][0, :, 1:5, 1:5].mean(axis=(1, 2)) for s in samples], axis=0)  # what y's windows see
     naive = (error * means.reshape(groups, -1)[np.arange(out) // (out // groups)]).sum(axis=1)
     assert np.abs(naive).max() > 1e-3 and np.abs(shift).max() < 0.25 * np.abs(naive).max(), (shift, naive)
+
+
+def test_weights_only_is_measured_when_every_int8_file_misses_the_gate(cli, tiny_onnx, tmp_path):
+    """Where every int8-compute candidate misses the gate's cosine, weights-only is built too: it wins if it reaches
+    the gate and runs decisively faster, else the exit names it and how to pin it. It is not built where some
+    int8 file reaches the gate."""
+    import json
+
+    data = tmp_path / "d.npz"
+    np.savez(data, input=np.random.default_rng(0).random((64, 1, 8, 8), dtype=np.float32))
+    for floor, out in (("0.99", tmp_path / "loose"), ("0.99998", tmp_path / "tight")):
+        result = cli("compress", tiny_onnx, "--calib", data, "--eval", data, "--format", "onnx", "--min-cosine",
+                     floor, "--out", out)
+        decided = json.loads((out / "report.json").read_text())["decisions"]["onnx_int8"]
+        cosines = {c["backend"]: c["min_output_cosine"] for c in decided["candidates"]}
+        int8 = [c for backend, c in cosines.items() if backend != "weights-only"]
+        if min(max(int8), 1.0) >= float(floor):
+            assert "weights-only" not in cosines, cosines
+            continue
+        assert "weights-only" in cosines, cosines  # built to measure it
+        if result.exit_code == 3:
+            assert decided["rescue"] is not None and 'onnx_backend = "weights-only" pins it' in result.output
+        else:
+            assert result.exit_code == 0 and decided["backend"] == "weights-only", result.output

@@ -103,6 +103,11 @@ def compress(model, calibration, out, formats, precision, recipe, eval_data, max
         failing = {name: msg for name, (ok, msg) in result.gate_results.items() if not ok}
         hint = ("; --repair tries cheaper fixes, then keeps the most sensitive operations float (OpenVINO IR)"
                 if "openvino" in failing and "int8" in result.recipe.names and eval_data and not repair else "")
+        rescue = (result.decisions.get("onnx_int8") or {}).get("rescue") if "onnx" in failing else None
+        if rescue:
+            hint += (f"; for the ONNX file, {rescue['backend']} (int8 weights, float compute) reached cosine "
+                     f"{rescue['cosine']:.4f} at {rescue['p50_ratio']:.2f}x FP32's p50: a recipe's int8 step with "
+                     f"onnx_backend = \"{rescue['backend']}\" pins it")
         raise QualityGateError("quality gate failed: " + "; ".join(f"{n}: {m}" for n, m in failing.items()) + hint)
     if require_device:
         raise_if_not_device(result.validations)
