@@ -267,3 +267,19 @@ def test_cache_keys_follow_edgeopt_source_not_only_its_version(tmp_path):
     assert tree_digest(tmp_path / "pkg") == before
     (tmp_path / "pkg" / "a.py").write_text("x = 2\n")
     assert tree_digest(tmp_path / "pkg") != before
+
+
+def test_a_step_that_cannot_write_the_device_s_format_is_skipped_with_why(profiles):
+    """An ONNX Runtime device gets ONNX files: the plan's IR-only repair is skipped with a reason, not built to
+    fail (rapid-layout's optimize for an ONNX Runtime profile printed "build failed")."""
+    from edgeopt.optimization.plan import DEFAULT_PLAN
+    from edgeopt.optimization.search import _skip_reason
+    from edgeopt.targets import load_target
+
+    profiles("ort-box", 'extends = "generic-x86-avx2-2core"\n[runtime]\nname = "onnxruntime"\n')
+    target = load_target("ort-box")
+    repair = next(c for stage in load_plan(DEFAULT_PLAN) for c in stage.candidates if c.label == "int8-repair")
+    assert _skip_reason(repair, target, "onnx", []) == ("step 'int8_repair' writes openvino only, and ort-box runs "
+                                                        "onnx (onnxruntime)")
+    assert _skip_reason(repair, load_target("generic-x86-avx2-2core"), "onnx", []) != _skip_reason(repair, target,
+                                                                                                   "onnx", [])

@@ -171,9 +171,13 @@ def prepare(model: str, calibration: str, eval_data: str, target: Target, *, gat
 def _skip_reason(planned: PlannedCandidate, target: Target, source_kind: str, done: list[Candidate]) -> str | None:
     if planned.recipe.steps and planned.precision not in target.precisions:
         return f"{target.name} does not run {planned.precision} (it lists {', '.join(target.precisions)})"
+    runs = format_for_runtime(target.settings.runtime).name
     for step in planned.recipe.steps:
         if step.info.needs_torch_module and source_kind != "torch":
             return f"step '{step.name}' needs a PyTorch model (this one is {source_kind})"
+        if step.info.formats and runs not in step.info.formats:
+            return (f"step '{step.name}' writes {', '.join(step.info.formats)} only, and {target.name} runs "
+                    f"{runs} ({target.settings.runtime})")
     if planned.if_gate_failed:
         failed = [c.label for c in done if c.label in planned.if_gate_failed and c.gate_passed is False]
         if not failed:
