@@ -16,6 +16,7 @@ import tarfile
 from pathlib import Path
 
 from edgeopt import atomic
+from edgeopt.device.formats import file_format, model_suffixes
 from edgeopt.errors import BadInputError
 
 _REPORT_KEYS = ({"recipe", "artifacts"}, {"verdict", "candidates"}, {"pairs", "events"})  # compress, optimize, fleet
@@ -135,6 +136,6 @@ def input_bytes(*specs) -> int:
         text = str(spec)
         head, sep, tail = text.rpartition(":")
         path = Path(head if sep and head.endswith(".py") else text)
-        candidates = [path, path.with_suffix(".bin")] if path.suffix == ".xml" else [path]
-        total += sum(p.stat().st_size for p in candidates if p.is_file())
+        candidates = file_format(path).files(path) if path.suffix.lower() in model_suffixes() else [path]
+        total += sum(p.stat().st_size for p in candidates if p.is_file())  # an ONNX model's external data too
     return total

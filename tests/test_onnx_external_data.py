@@ -11,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edgeopt.device.onnx_files import external_data_files
 from edgeopt.device.validate import artifact_files
+from edgeopt.out_guard import input_bytes
 
 
 def _model_with_a_branch() -> onnx.ModelProto:
@@ -62,6 +63,7 @@ def test_a_model_with_external_data_compresses_and_is_counted_with_it(tmp_path, 
               size_threshold=0)
     assert artifact_files(model) == {"model.onnx": model.stat().st_size,
                                      "model.onnx_data": (folder / "model.onnx_data").stat().st_size}
+    assert input_bytes(model) == sum(artifact_files(model).values())  # the free-space estimate counts it too
     out = tmp_path / "out"
     result = cli("compress", model, "--calib", tiny_calib, "--eval", tiny_calib, "--out", out, "--quiet")
     assert result.exit_code == 0, result.output
