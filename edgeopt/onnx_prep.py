@@ -125,14 +125,11 @@ def simplify_element_wise(model) -> list[str]:
 def _upgraded(model, opset: int):
     """``model`` converted to ``opset`` by ``onnx.version_converter``, or None when that or loading the result in
     ONNX Runtime fails."""
-    import onnxruntime as ort
     from onnx import version_converter
 
     try:
         upgraded = version_converter.convert_version(model, opset)
-        quiet = ort.SessionOptions()
-        quiet.log_severity_level = 3
-        ort.InferenceSession(upgraded.SerializeToString(), quiet, providers=["CPUExecutionProvider"])
+        quiet_session(upgraded)
     except Exception:
         return None
     return upgraded
@@ -413,13 +410,13 @@ def pool_input_dims(model, feeds: dict) -> dict[str, list[int]]:
     probe.CopyFrom(model)
     probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(name) for name in wanted)
     try:
-        values = _quiet_session(probe).run(wanted, feeds)
+        values = quiet_session(probe).run(wanted, feeds)
     except Exception:
         return {}
     return {name: list(value.shape) for name, value in zip(wanted, values)}
 
 
-def _quiet_session(model):
+def quiet_session(model):
     """An ONNX Runtime session of ``model`` (a ModelProto) that logs errors only."""
     import onnxruntime as ort
 
@@ -435,7 +432,7 @@ def outputs_as_computed(model, feeds: dict) -> list[str]:
     ONNX Runtime cannot run the model)."""
     names = [value.name for value in model.graph.output]
     try:
-        session = _quiet_session(model)
+        session = quiet_session(model)
         wanted = {spec.name for spec in session.get_inputs()}
         computed = session.run(names, {name: value for name, value in feeds.items() if name in wanted})
     except Exception:

@@ -350,14 +350,21 @@ def default_backends(model, transformer: bool, recurrent: bool = False,
 def conv_weight_share(model) -> float:
     """Share of the constant weights (input 1) of ``model``'s Conv/ConvTranspose/Gemm/MatMul that Conv/ConvTranspose
     hold, by element count; 0 where there is none."""
-    graph = model.graph
-    sizes = {init.name: int(np.prod(init.dims)) for init in graph.initializer}
-    conv = total = 0
-    for node in graph.node:
-        if node.op_type in COMPUTE_OPS and len(node.input) > 1 and node.input[1] in sizes:
-            total += sizes[node.input[1]]
-            conv += sizes[node.input[1]] if node.op_type in CONV_OPS else 0
-    return conv / total if total else 0.0
+    held = _weights_by_op(model, COMPUTE_OPS)
+    total = sum(held.values())
+    return sum(held.get(op, 0) for op in CONV_OPS) / total if total else 0.0
+
+
+def _weights_by_op(model, ops: tuple[str, ...]) -> dict[str, int]:
+    """Op type -> elements of the constant weights its nodes among ``ops`` hold: input 1 of a compute op, W and R
+    (inputs 1 and 2) of a recurrent cell."""
+    sizes = {init.name: int(np.prod(init.dims)) for init in model.graph.initializer}
+    held: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.op_type in ops:
+            ports = node.input[1:3] if node.op_type in ONNX_CELLS else node.input[1:2]
+            held[node.op_type] = held.get(node.op_type, 0) + sum(sizes.get(name, 0) for name in ports)
+    return held
 
 
 def matmul_weight_share(model) -> float:
@@ -366,16 +373,9 @@ def matmul_weight_share(model) -> float:
     ``HYBRID_MATMUL_SHARE`` also gets ``HYBRID_BACKEND`` (its MatMuls dynamic): ddddocr's OCR CRNN (Conv, LSTM,
     an 8210-class Gemm: 67% of its weights) ships with a dynamic width, at which that Gemm's static QDQ does not
     fuse (ONNX Runtime writes it MatMul + Add and dequantizes its 8.4 M weights on every run)."""
-    graph = model.graph
-    sizes = {init.name: int(np.prod(init.dims)) for init in graph.initializer}
-    matmul = total = 0
-    for node in graph.node:
-        weights = (node.input[1:2] if node.op_type in COMPUTE_OPS else
-                   node.input[1:3] if node.op_type in ONNX_CELLS else [])
-        held = sum(sizes.get(name, 0) for name in weights)
-        total += held
-        matmul += held if node.op_type in ("Gemm", "MatMul") else 0
-    return matmul / total if total else 0.0
+    held = _weights_by_op(model, COMPUTE_OPS + ONNX_CELLS)
+    total = sum(held.values())
+    return (held.get("Gemm", 0) + held.get("MatMul", 0)) / total if total else 0.0
 
 
 def contenders(built: list[Built], floor: float | None = None) -> list[Built]:
@@ -750,7 +750,7 @@ def recurrent_mode(model, samples: list[dict], reference: list) -> tuple[str, di
     cannot run is left out)."""
     import onnx
 
-    from edgeopt.onnx_prep import _quiet_session
+    from edgeopt.onnx_prep import quiet_session
 
     modes = CELL_MODES if any(node.op_type == "LSTM" for node in model.graph.node) else CELL_MODES[1:]
     cosines = {}
@@ -758,7 +758,7 @@ def recurrent_mode(model, samples: list[dict], reference: list) -> tuple[str, di
         copied = onnx.ModelProto()
         copied.CopyFrom(model)
         try:
-            session = _quiet_session(quantize_recurrent(copied, mode))
+            session = quiet_session(quantize_recurrent(copied, mode))
             cosines[mode] = worst_output_cosine([session.run(None, s) for s in samples], reference)
         except Exception:  # noqa: BLE001 - a form ONNX Runtime refuses is no option
             continue
