@@ -29,6 +29,20 @@ COMPRESS_REPORT = "compress_report.json"
 GOLDEN_DIR = "golden"  # where a golden set lives inside a bundle
 
 
+class NotPackaged(BudgetError):
+    """A budget failed, so no bundle was written; carries the validation that failed (``validation``, as in a
+    bundle's ``validation.json``) and, when it was measured here, the ``ValidationReport`` (``report``)."""
+
+    def __init__(self, message: str, *, validation: dict, report=None):
+        super().__init__(message)
+        self.validation = validation
+        self.report = report
+
+    def describe(self) -> dict:
+        return {"packaged": False, "bundle": None, "exit_code": self.exit_code, "error": str(self),
+                "validation": self.validation}
+
+
 @dataclass(frozen=True)
 class PackageResult:
     path: Path
@@ -38,7 +52,8 @@ class PackageResult:
     golden: dict[str, dict] | None = None  # per bundled model: its check against the golden set (--golden)
 
     def describe(self) -> dict:
-        return {"bundle": str(self.path), "bytes": self.bytes, "sha256": self.sha256, "manifest": self.manifest,
+        return {"packaged": True, "bundle": str(self.path), "bytes": self.bytes, "sha256": self.sha256,
+                "manifest": self.manifest,
                 **({"golden": self.golden} if self.golden is not None else {})}
 
 
@@ -49,12 +64,13 @@ def package(artifact: str | Path, target: str | Path | Target, out: str | Path, 
             measuring: Measuring = Measuring(), sign=None, golden: str | Path | None = None) -> PackageResult:
     """Validate ``artifact`` (a model file or an ``edgeopt compress`` folder) on ``target`` and write the
     bundle to ``out``. ``input_shapes`` fill dynamic dimensions (over the target's). Raises ``QualityGateError`` when
-    the compress report's gate failed or a bundled model regresses against ``golden``, and ``BudgetError`` when a
-    budget fails; nothing is written then. ``report``: a validation report (file or ``to_dict()``) of
-    this model on this target, used instead of measuring again. ``sign``: a ``edgeopt.signing.Signer``, or the private key
-    (file, or ``env:NAME``) to make one with, to sign the manifest. ``golden``: a golden set folder to ship in
-    the bundle (listed, checksummed and signed with the rest), after every bundled model is checked against it
-    here (as ``edgeopt validate --golden`` does); the device validator checks the model against it again."""
+    the compress report's gate failed or a bundled model regresses against ``golden``, and ``NotPackaged`` (a
+    ``BudgetError`` with the failed validation) when a budget fails; nothing is written then. ``report``: a
+    validation report (file or ``to_dict()``) of this model on this target, used instead of measuring again.
+    ``sign``: a ``edgeopt.signing.Signer``, or the private key (file, or ``env:NAME``) to make one with, to sign
+    the manifest. ``golden``: a golden set folder to ship in the bundle (listed, checksummed and signed with the
+    rest), after every bundled model is checked against it here (as ``edgeopt validate --golden`` does); the device
+    validator checks the model against it again."""
     from edgeopt.device.bundle_reader import open_bundle
     from edgeopt.signing import Signer
     from edgeopt.versions import tool_versions
@@ -72,11 +88,13 @@ def package(artifact: str | Path, target: str | Path | Target, out: str | Path, 
     models = _models(artifact, primary, formats, target.settings.runtime)
     _check_gate(compress_report, compress_report_path, models)
     checked_golden = _check_golden(golden_set, models, primary, target) if golden_set is not None else None
-    validation = _load_report(report, primary, target) if report is not None else \
-        validate_on(target, primary, measuring=measuring, input_shapes=input_shapes).to_dict()
+    measured = None if report is not None else validate_on(target, primary, measuring=measuring,
+                                                             input_shapes=input_shapes)
+    validation = _load_report(report, primary, target) if measured is None else measured.to_dict()
     if not validation["passed"]:
         failed = ", ".join(c["name"] for c in validation["checks"] if not c["passed"])
-        raise BudgetError(f"{primary}: device budget failed on {target.name} ({failed}); not packaged")
+        raise NotPackaged(f"{primary}: device budget failed on {target.name} ({failed}); not packaged",
+                          validation=validation, report=measured)
     validation = validation | {"artifact": primary.name}
     files: dict[str, bytes | Path] = {f.name: f for model in models for f in _model_files(model)}
     files[VALIDATION] = canonical_json(validation)

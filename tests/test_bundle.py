@@ -184,8 +184,14 @@ def test_package_refuses_failed_budget_and_gate(tmp_path, tmp_path_factory, cli)
     tight = tmp_path / "tight.toml"
     tight.write_text(loose_target(tmp_path_factory).read_text().replace("p50_ms = 1000", "p50_ms = 0.000001"))
     out = tmp_path / "b.tar.gz"
-    result = cli("package", artifact, "--target", tight, "--out", out, *FAST)
+    verdict = tmp_path / "verdict.json"
+    result = cli("package", artifact, "--target", tight, "--out", out, "--json", verdict, *FAST)
     assert result.exit_code == 4 and "p50_ms" in result.output and not out.exists()
+    assert "FAIL" in result.output and "latency ms: p50" in result.output  # the figures that failed, printed
+    refused = json.loads(verdict.read_text())  # and machine-readable for a build pipeline
+    assert refused["packaged"] is False and refused["bundle"] is None and refused["exit_code"] == 4
+    failed = [c for c in refused["validation"]["checks"] if not c["passed"]]
+    assert [c["name"] for c in failed] == ["p50_ms"] and failed[0]["measured"] > 0.000001
     failed_gate = tmp_path / "gate"
     failed_gate.mkdir()
     for f in artifact.iterdir():

@@ -43,15 +43,23 @@ def package(artifact, target, out, formats, report, build_id, preprocess, input_
     failed (nothing written).
     """
     from edgeopt.formats import parse_formats
-    from edgeopt.targets import Measuring
+    from edgeopt.packaging import NotPackaged
     from edgeopt.packaging import package as run_package
-    from edgeopt.reporting.console import emit
+    from edgeopt.reporting.console import emit, print_validation
     from edgeopt.source import parse_input_shapes
+    from edgeopt.targets import Measuring
 
     guard_outputs(None, force, json_out=json_out, bundle=out, needs_bytes=2 * input_bytes(artifact))
-    result = run_package(artifact, target, out, formats=parse_formats(formats) if formats else None, report=report,
-                         build_id=build_id, preprocess=preprocess, input_shapes=parse_input_shapes(input_shapes),
-                         measuring=Measuring(runs, warmup, min_seconds), sign=sign, golden=golden)
+    try:
+        result = run_package(artifact, target, out, formats=parse_formats(formats) if formats else None,
+                             report=report, build_id=build_id, preprocess=preprocess,
+                             input_shapes=parse_input_shapes(input_shapes),
+                             measuring=Measuring(runs, warmup, min_seconds), sign=sign, golden=golden)
+    except NotPackaged as refused:  # the figures that failed, on the console and in --json, then exit 4
+        measured = refused.report
+        emit(refused.describe(), (lambda: print_validation(measured)) if measured else "", json_out,
+             quiet or measured is None)
+        raise
     emit(result.describe(), f"{result.path}: {result.bytes} bytes, sha256 {result.sha256}", json_out, quiet)
 
 
