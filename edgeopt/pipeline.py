@@ -278,7 +278,8 @@ def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target
             with timer("vs fp32"):
                 result.vs_fp32 = compare_with_fp32(artifacts, baseline.graphs.get("openvino"),
                                                    baseline.graphs.get("onnx"), calib.samples[0],
-                                                   reopened["onnx"].axes if "onnx" in reopened else None)
+                                                   reopened["onnx"].axes if "onnx" in reopened else None,
+                                                   target=profile)
             if evaluation is not None:
                 with timer("evaluate"):
                     _evaluate(result, source, evaluation)

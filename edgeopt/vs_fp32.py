@@ -16,6 +16,7 @@ while the interval straddles the threshold. An artifact is "slower" when the who
 from __future__ import annotations
 
 import math
+import os
 import tempfile
 import time
 from dataclasses import dataclass
@@ -34,10 +35,18 @@ WARMUP_RUNS = 5  # per model, before the first round
 COVERAGE = 0.9  # of the interval on the median ratio
 
 
-def settings_for(runtime: str) -> RuntimeSettings:
+def settings_for(runtime: str, target=None) -> RuntimeSettings:
+    """The pinned settings every comparison in ``runtime`` runs with: f32 inference precision, ``THREADS``
+    threads; where ``target`` (an ``edgeopt.targets.Target``) runs this runtime, its threads (at most this host's
+    CPUs) and ONNX Runtime's spinning, so that INT8 and FP32 are compared the way the device runs them."""
+    threads, spinning = THREADS, None
+    if target is not None and target.settings.runtime == runtime:
+        threads = min(target.settings.threads or THREADS, os.cpu_count() or THREADS)
+        spinning = target.settings.spinning
     if runtime == "openvino":
-        return RuntimeSettings(threads=THREADS, inference_precision="f32")
-    return RuntimeSettings(runtime="onnxruntime", threads=THREADS, inference_precision=None, performance_hint=None)
+        return RuntimeSettings(threads=threads, inference_precision="f32")
+    return RuntimeSettings(runtime="onnxruntime", threads=threads, inference_precision=None, performance_hint=None,
+                           spinning=spinning)
 
 
 def median_interval(values, coverage: float = COVERAGE) -> tuple[float, float]:
@@ -120,10 +129,11 @@ class VsFp32:
 
 
 def compare(artifacts, fp32_ov_model, fp32_onnx_model, feeds: dict[str, np.ndarray],
-            onnx_dynamic: dict[str, list[int]] | None = None) -> dict[str, VsFp32]:
+            onnx_dynamic: dict[str, list[int]] | None = None, target=None) -> dict[str, VsFp32]:
     """Each artifact (``export.Artifact``) against FP32 in its format; artifacts saved as FP32 are skipped.
     ``onnx_dynamic``: the input axes the ONNX artifact declares dynamic, which the FP32 ONNX graph is timed with
-    open too (like for like: a graph can run slower so; ``edgeopt.onnx_prep.as_shipped``)."""
+    open too (like for like: a graph can run slower so; ``edgeopt.onnx_prep.as_shipped``). ``target``: the
+    profile whose threads (and spinning) the comparison in its runtime takes (:func:`settings_for`)."""
     from edgeopt.device.runtime import open_session
     from edgeopt.export import write_ir
 
@@ -146,7 +156,7 @@ def compare(artifacts, fp32_ov_model, fp32_onnx_model, feeds: dict[str, np.ndarr
                 fp32_bytes = fp32_path.stat().st_size
             else:
                 continue
-            settings = settings_for(artifact.runtime)
+            settings = settings_for(artifact.runtime, target)
             sessions = [open_session(path, settings) for path in (fp32_path, artifact.path)]
             runs = [session.bind(feeds) for session in sessions]
             fp32_p50, p50, ratios = paired_ratios(*runs)

@@ -459,9 +459,13 @@ def test_every_candidate_is_built_and_the_compute_only_one_keeps_element_wise_op
     from edgeopt.data import SampleSet
     from edgeopt.passes.onnx_int8 import quantize_onnx
 
+    from edgeopt.device.runtime import RuntimeSettings
+
     model, samples = mobilenet_pattern
+    device = RuntimeSettings(runtime="onnxruntime", threads=1, inference_precision=None, spinning=False)
     result = quantize_onnx(model, SampleSet(samples, None, "test"), subset_size=16,
-                           nncf_options={"preset": nncf.QuantizationPreset.PERFORMANCE})
+                           nncf_options={"preset": nncf.QuantizationPreset.PERFORMANCE}, settings=device)
+    assert result.describe()["measured_with"].startswith("onnxruntime CPU, 1 thread, spinning off")  # as it ran
     built = {b.backend: b for b in result.candidates}
     assert set(built) == {"nncf", "ort", "ort-conv"} and not any(b.error for b in built.values())
     for b in built.values():

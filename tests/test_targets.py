@@ -179,3 +179,20 @@ def test_onnx_runtime_spinning_is_profile_data_and_reaches_the_session(profiles,
     options = session._session.get_session_options()
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == str(int(spinning))
     assert open_session(tiny_onnx).effective_settings()["spinning"] is True  # ONNX Runtime's default
+
+
+def test_fp32_comparisons_run_the_way_the_profile_runs(profiles):
+    """The INT8-vs-FP32 timing (``vs_fp32``, and the ONNX backend race) takes the profile's threads (at most this
+    host's CPUs) and ONNX Runtime's spinning for the runtime the profile names; otherwise the pinned 2 threads."""
+    import os
+
+    from edgeopt.vs_fp32 import THREADS, settings_for
+
+    profiles("ort", VALID.replace("threads = 2", 'threads = 1\nname = "onnxruntime"\nspinning = false'))
+    ort = load_target("ort")
+    assert (settings_for("onnxruntime", ort).threads, settings_for("onnxruntime", ort).spinning) == (1, False)
+    assert settings_for("openvino", ort) == settings_for("openvino")  # the profile says nothing of OpenVINO here
+    assert settings_for("onnxruntime").threads == THREADS and settings_for("onnxruntime").spinning is None
+    profiles("wide", VALID.replace("threads = 2", "threads = 64"))
+    wide = settings_for("openvino", load_target("wide"))
+    assert wide.threads == min(64, os.cpu_count()) and wide.inference_precision == "f32"  # precision stays pinned

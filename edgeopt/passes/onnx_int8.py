@@ -66,6 +66,7 @@ from pathlib import Path
 import numpy as np
 
 from edgeopt.data import SampleSet
+from edgeopt.device.runtime import RuntimeSettings
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.model_type import ffn_down_projections
 from edgeopt.onnx_prep import as_shipped, normalise, probe_tensors, tensor_readers, weight_output_axis
@@ -74,8 +75,7 @@ from edgeopt.onnx_work import (COMPUTE_OPS, FLOAT_COMPUTE_ACTIVATIONS, FLOAT_COM
 from edgeopt.passes.onnx_weights_only import symmetric_int8, weights_only
 from edgeopt.recurrent import ONNX_CELLS, ONNX_WEIGHT_AXIS, ONNX_WEIGHT_INPUTS, has_onnx_cells
 from edgeopt.recurrent import TOLERANCE as RECURRENT_TOLERANCE
-from edgeopt.vs_fp32 import (BLOCK_S, COVERAGE, THREADS, Rounds, interleaved_rounds, median_interval,
-                             settings_for)
+from edgeopt.vs_fp32 import BLOCK_S, COVERAGE, Rounds, interleaved_rounds, median_interval, settings_for
 
 FIDELITY_TOLERANCE = 0.01  # a candidate this close to the best cosine contends: a measured speed gain wins
 MAX_UNFUSED = 0.1  # a graph with more than 10% of its quantized Conv/Gemm/MatMul unfusable runs them in float
@@ -145,6 +145,7 @@ class OnnxInt8:
     judged_on: str = ""  # which samples the fidelity and the race ran on, in words
     cosine_floor: float | None = None  # the quality gate's cosine, when cosine is what it judges
     work: Work | None = None  # the CNN's arithmetic per activation element, which set the compute kind
+    settings: RuntimeSettings = field(default_factory=lambda: settings_for("onnxruntime"))  # the race's
 
     @property
     def rescue(self) -> Built | None:
@@ -164,7 +165,10 @@ class OnnxInt8:
                 "work": None if self.work is None else self.work.describe(),
                 "rule_pick": self.rule_pick, "chosen_by": "speed" if self.backend != self.rule_pick else "rule",
                 "reason": self.reason,
-                "measured_with": (f"onnxruntime CPU, {THREADS} threads, bound inputs (the first of "
+                "measured_with": (f"onnxruntime CPU, {self.settings.threads} thread{'s' * (self.settings.threads != 1)}"
+                                  + ("" if self.settings.spinning is None else
+                                     f", spinning {'on' if self.settings.spinning else 'off'}")
+                                  + f", bound inputs (the first of "
                                   f"{self.judged_on}); FP32 and every candidate in {self.rounds} "
                                   f"interleaved rounds of ~{BLOCK_S}s each (order rotating), ratios of block "
                                   f"medians per round, {COVERAGE:.0%} order-statistics intervals on their median; "
@@ -189,7 +193,8 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
                   ignored: list[str] | None = None, transformer: bool = False, ffn_down_float: bool = False,
                   recurrent_float: bool = False, backends: tuple[str, ...] | None = None,
                   held_out: SampleSet | None = None, cosine_floor: float | None = None,
-                  dynamic: dict[str, list[int]] | None = None) -> OnnxInt8:
+                  dynamic: dict[str, list[int]] | None = None,
+                  settings: RuntimeSettings | None = None) -> OnnxInt8:
     """Normalise ``model`` and return the best INT8 model among ``backends``; a model no backend can quantize
     is a one-line ``BadInputError`` naming what stopped them. ``backends``: by default NNCF's, ONNX Runtime's
     static QDQ (``ort``) and quantize_static with only Conv/ConvTranspose/Gemm/MatMul quantized (``ort-conv``), or
@@ -205,7 +210,9 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
     samples, which flatter the static candidates calibrated on them: on PP-OCR cls both scored 0.999999 there,
     0.9925 and 0.9999 held out). ``cosine_floor``: the quality gate's cosine, when cosine is what it judges: a
     candidate that reaches it beats fusable ones that do not (:func:`contenders`). ``dynamic``: the input axes the
-    source declares dynamic (:func:`edgeopt.onnx_prep.normalise`)."""
+    source declares dynamic (:func:`edgeopt.onnx_prep.normalise`). ``settings``: ONNX Runtime's settings for the
+    race (default :func:`edgeopt.vs_fp32.settings_for`'s pinned ones; the pass gives the target's threads)."""
+    settings = settings or settings_for("onnxruntime")
     prepared = normalise(model, feeds=calibration.samples[0], dynamic=dynamic)
     recurrent = recurrent_float and has_onnx_cells(prepared.model)
     arithmetic = None
@@ -243,7 +250,7 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
         judged, judged_on = ((held_out.samples[:CHOICE_SAMPLES], f"the first {CHOICE_SAMPLES} evaluation samples")
                              if held_out is not None and len(held_out) else
                              (calibration.samples[-CHOICE_SAMPLES:], f"the last {CHOICE_SAMPLES} calibration samples"))
-        fp32_session, reference = _open_reference(as_shipped(prepared.model, dynamic), judged, Path(tmp))
+        fp32_session, reference = _open_reference(as_shipped(prepared.model, dynamic), judged, Path(tmp), settings)
         if recurrent:
             mode, cosines = recurrent_mode(prepared.model, judged, reference)
             prepared.steps.append(f"recurrent cells {CELL_LABELS[mode]}, the most compressed within "
@@ -255,11 +262,11 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
                     b.model = None if b.model is None else quantize_recurrent(b.model, mode)
                 except Exception as exc:  # noqa: BLE001 - that candidate is out, as a quantizer's failure puts it
                     b.model, b.error = None, f"{type(exc).__name__}: {first_line(exc)}"[:300]
-        sessions = _open(built, judged, reference, Path(tmp), dynamic)
+        sessions = _open(built, judged, reference, Path(tmp), settings, dynamic)
         fell_back = arithmetic is not None and backends == (WEIGHTS_ONLY,) and built[0].error is not None
         if fell_back:  # weights-only could not be built or run: int8 compute after all
             built += [build(name) for name in BACKENDS]
-            sessions.update(_open(built[1:], judged, reference, Path(tmp), dynamic))
+            sessions.update(_open(built[1:], judged, reference, Path(tmp), settings, dynamic))
         usable = [b for b in built if b.model is not None and b.error is None]
         if not usable:
             raise BadInputError("int8: no INT8 backend can quantize this ONNX model: "
@@ -268,7 +275,7 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
                 and all(b.cosine < cosine_floor for b in usable)):  # every int8-compute file misses the gate:
             rescue = build(WEIGHTS_ONLY)  # measure the one that may not, for the report and the exit's hint
             built.append(rescue)
-            sessions.update(_open([rescue], judged, reference, Path(tmp), dynamic))
+            sessions.update(_open([rescue], judged, reference, Path(tmp), settings, dynamic))
             if rescue.model is not None and rescue.error is None:
                 usable.append(rescue)
         for b in usable:
@@ -289,7 +296,7 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
                   f"{WEIGHTS_ONLY}, which the arithmetic asked for ({why}), failed ({built[0].error}); int8 compute "
                   f"instead: {reason}")
     return OnnxInt8(chosen.model, chosen.backend, prepared.steps, built, round(timed.p50_ms[0], 4), rule.backend,
-                    reason, len(timed.medians), judged_on, cosine_floor, arithmetic)
+                    reason, len(timed.medians), judged_on, cosine_floor, arithmetic, settings)
 
 
 def _arithmetic(model, sample: dict) -> Work | None:
@@ -881,7 +888,7 @@ def fold_weight_quantizers(model) -> int:
     return folded
 
 
-def _open_reference(fp32_model, samples: list[dict], folder: Path):
+def _open_reference(fp32_model, samples: list[dict], folder: Path, settings: RuntimeSettings):
     """Save the FP32 model under ``folder`` and open it in ONNX Runtime: its session and its outputs on
     ``samples``."""
     import onnx
@@ -889,11 +896,11 @@ def _open_reference(fp32_model, samples: list[dict], folder: Path):
     from edgeopt.device.runtime import open_session
 
     onnx.save(fp32_model, str(folder / "fp32.onnx"))
-    session = open_session(folder / "fp32.onnx", settings_for("onnxruntime"))
+    session = open_session(folder / "fp32.onnx", settings)
     return session, [session.infer(s) for s in samples]
 
 
-def _open(built: list[Built], samples: list[dict], reference: list, folder: Path,
+def _open(built: list[Built], samples: list[dict], reference: list, folder: Path, settings: RuntimeSettings,
           dynamic: dict[str, list[int]] | None = None) -> dict:
     """Save each candidate under ``folder`` as it ships (``dynamic``: the source's dynamic input axes opened,
     :func:`edgeopt.onnx_prep.as_shipped`), open it in ONNX Runtime, fill its size and fidelity (against the FP32
@@ -903,7 +910,6 @@ def _open(built: list[Built], samples: list[dict], reference: list, folder: Path
 
     from edgeopt.device.runtime import open_session
 
-    settings = settings_for("onnxruntime")
     sessions = {}
     for b in built:
         if b.model is None:

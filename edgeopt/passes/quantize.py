@@ -17,6 +17,7 @@ from edgeopt.presets import SAMPLES as PRESET_SAMPLES
 from edgeopt.presets import TOLERANCE as PRESET_TOLERANCE
 from edgeopt.presets import PresetChoice, auto_presets
 from edgeopt.recurrent import choose_scope, openvino_float_ops
+from edgeopt.vs_fp32 import settings_for
 
 Preset = Literal["auto", "performance", "mixed"]
 # Fewer calibration samples than this get a word in the note: their activation ranges are noise (PP-OCRv6 tiny's
@@ -81,7 +82,8 @@ def int8(model: WorkingModel, ctx: PassContext, config: Int8Config) -> None:
                                recurrent_float=config.recurrent_float,
                                backends=None if config.onnx_backend == "auto" else (config.onnx_backend,),
                                held_out=ctx.evaluation, cosine_floor=_cosine_floor(ctx),
-                               dynamic=_declared_dynamic(model))
+                               dynamic=_declared_dynamic(model),
+                               settings=settings_for("onnxruntime", ctx.target))
         model.graphs["onnx"] = picked.model
         model.decisions["onnx_int8"] = picked.describe()
         model.notes.append(f"onnx int8: {picked.backend} backend, {picked.reason} "
