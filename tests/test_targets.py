@@ -56,6 +56,9 @@ def test_shipped_profiles_are_complete_and_sourced():
     assert targets["raspberry-pi-4"].device.cores == 4 and targets["raspberry-pi-4"].settings.inference_precision == "f32"
     assert targets["raspberry-pi-5"].settings.inference_precision == "f16"
     assert targets["jetson-orin-nano-cpu"].device.cores == 6
+    ort = targets["raspberry-pi-5-onnxruntime"]  # the same board, run by ONNX Runtime
+    assert ort.settings.runtime == "onnxruntime" and ort.device == targets["raspberry-pi-5"].device
+    assert ort.budgets == targets["raspberry-pi-5"].budgets and ort.precisions == ("int8", "fp32")
 
 
 def test_extends_merges_key_by_key(profiles):

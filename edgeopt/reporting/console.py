@@ -392,8 +392,12 @@ def print_target(target, emulation) -> None:
     d = target.device
     out.print(f"device: {d.name}; {d.cpu}; {d.arch}, {d.cores} cores, {d.memory_mb} MB; ISA {', '.join(d.isa) or '-'}")
     s = target.settings
-    out.print(f"runtime: {s.runtime}, threads {s.threads}, streams {s.streams}, hint {s.performance_hint}, "
-              f"inference precision {s.inference_precision}")
+    if s.runtime == "onnxruntime":  # no streams, hint nor precision hint: the model runs in its file's precision
+        spin = "" if s.spinning is None else f", spinning {'on' if s.spinning else 'off'}"
+        out.print(f"runtime: onnxruntime (CPU), threads {s.threads}{spin}; precision: the model file's own")
+    else:
+        out.print(f"runtime: {s.runtime}, threads {s.threads}, streams {s.streams}, hint {s.performance_hint}, "
+                  f"inference precision {s.inference_precision}")
     out.print(f"model precisions (preferred first): {', '.join(target.precisions)}")
     if target.input_shapes:
         out.print("input shapes: " + ", ".join(f"{k}={list(v)}" for k, v in target.input_shapes.items()))
