@@ -240,6 +240,8 @@ def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target
     try:
         working, baseline, fp32_ir_bytes, fp32_weights = _run_recipe(source, recipe, ctx, formats, timer,
                                                                      observe=recorder)
+        if source.kind == "onnx" and "onnx" in working.graphs and working.precision != "int8":
+            working.notes += _outputs_as_computed(working.graphs["onnx"], calib.samples[0])
         with timer("dynamic axes"):
             reopened, unchecked = _reopen_dynamic_axes(working, loaded, pinned, calib, formats)
         out = Path(out)
@@ -434,6 +436,15 @@ def _run_recipe(source: SourceModel, recipe: Recipe, ctx: PassContext, formats: 
         with timer("step report"):
             observe(step.describe(), working)
     return working, baseline, fp32_ir_bytes, fp32_weights
+
+
+def _outputs_as_computed(graph, feeds: dict) -> list[str]:
+    """Notes on the outputs of an ONNX source's float artifact whose declared shape its graph does not compute,
+    dropped (``edgeopt.onnx_prep.outputs_as_computed``; INT8 drops them as it normalises): ONNX Runtime warns on
+    every run of such a file and refuses to bind its outputs."""
+    from edgeopt.onnx_prep import outputs_as_computed
+
+    return [f"onnx: {what}: its declared shape dropped" for what in outputs_as_computed(graph, feeds)]
 
 
 def _write_reproducing_recipe(path: Path, recipe: Recipe, found: dict[str, dict]) -> None:

@@ -227,3 +227,11 @@ def test_a_crnn_with_a_dynamic_width_gets_its_head_quantized_dynamically(tmp_pat
     for width in (48, 80):
         run = session.bind({"input1": np.full((1, 1, 16, width), 0.5, np.float32)})
         run(), run()  # twice: a binding reuses the first run's outputs
+    # A float artifact of the same file drops the wrong declaration too (INT8 drops it as it normalises).
+    fp16 = tmp_path / "fp16"
+    result = cli("compress", model, "--calib", tmp_path / "calib.npz", "--precision", "fp16", "--format", "onnx",
+                 "--out", fp16)
+    assert result.exit_code == 0, result.output
+    assert not onnx.load(str(fp16 / "model.onnx")).graph.output[0].type.tensor_type.HasField("shape")
+    assert any("output 'logits' declared [1, 'seqlen'], computes [24, 1, 600]: its declared shape dropped" in note
+               for note in json.loads((fp16 / "report.json").read_text())["notes"])
