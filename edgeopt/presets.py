@@ -67,9 +67,10 @@ def auto_presets(ov_model, transformer: bool) -> AutoPresets:
     if transformer:
         return AutoPresets((MIXED,), "NNCF's for transformers")
     found = negative_tail_activations(ov_model)
+    kind = "models that are not transformers"  # NNCF's default: CNNs, recurrent nets, MLPs alike
     if not found:
-        return AutoPresets((PERFORMANCE,), "NNCF's for CNNs: no activation with a negative tail")
+        return AutoPresets((PERFORMANCE,), f"NNCF's for {kind}: no activation with a negative tail")
     if openvino_cells(ov_model):
-        return AutoPresets((PERFORMANCE,), f"NNCF's for CNNs; {', '.join(found)} activations have a negative tail, "
-                                           "but a model with recurrent cells is not measured")
+        return AutoPresets((PERFORMANCE,), f"NNCF's for {kind}; {', '.join(found)} activations have a negative "
+                                           "tail, but a model with recurrent cells is not measured")
     return AutoPresets((PERFORMANCE, MIXED), f"{', '.join(found)} activations have a negative tail")

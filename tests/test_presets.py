@@ -114,7 +114,8 @@ def test_auto_measures_both_presets_and_records_why(calibration):
         assert set(_asymmetric(pinned.model)) == {preset == MIXED}
     relu = quantize_openvino(_openvino(Block(nn.ReLU())), None, calibration, Int8Config())
     assert relu.preset.chosen_by == "rule" and _chosen(relu) == {}
-    assert relu.note.startswith("preset=performance (NNCF's for CNNs: no activation with a negative tail)")
+    assert relu.note.startswith("preset=performance (NNCF's for models that are not transformers: no activation "
+                                "with a negative tail)")
 
 
 def test_the_ladders_transformer_rung_uses_the_transformers_preset_not_the_pinned_one(calibration):
