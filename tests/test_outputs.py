@@ -208,3 +208,25 @@ def test_labels_without_a_classifier_are_noted_and_out_of_range_labels_refused(t
     assert result.exit_code == 2, result.output
     assert "label 5 is not a class of output 'prob', which scores 2 classes (0..1)" in result.output
     assert "Traceback" not in result.output and not (tmp_path / "wide" / "report.json").exists()
+
+
+def test_long_output_names_wrap_in_the_fidelity_table(capsys):
+    """Output names from other toolkits run long (TensorFlow's ``StatefulPartitionedCall/...:0``): the table wraps
+    them rather than cutting them to an ellipsis."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from edgeopt.reporting.console import print_output_fidelity
+
+    long = "StatefulPartitionedCall/functional_1/detection_head/box_regression_output_of_the_second_stage:0"
+    rows = [SimpleNamespace(output=name, cosine=0.99, max_abs_error=0.1, mean_abs_error=0.01, top1_agreement=None)
+            for name in (long, "scores")]
+    result = SimpleNamespace(qualities={"onnx": SimpleNamespace(outputs=rows)},
+                             gate=SimpleNamespace(gated=lambda quality: rows))
+    print_output_fidelity(result, Console(width=80))
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if "gated" in line)
+    start, end = header.index("output"), header.index("gated")
+    column = "".join(line[start:end].strip() for line in lines[lines.index(header) + 2:])
+    assert "…" not in column and column.startswith(long)  # wrapped over lines, whole

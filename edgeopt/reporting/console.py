@@ -129,7 +129,7 @@ def print_output_fidelity(result, out: Console) -> None:
     table = Table(title="fidelity per output", box=box.SIMPLE_HEAD, pad_edge=False)
     for column in ("artifact", "output", "gated", "cosine", "max abs err", "mean abs err", "top-1 agree"):
         table.add_column(column, justify="left" if column in ("artifact", "output", "gated") else "right",
-                         no_wrap=True)
+                         no_wrap=column != "output", overflow="fold")  # a long output name wraps, never cut
     for name, quality in qualities.items():
         gated = {f.output for f in result.gate.gated(quality)}
         for fidelity in quality.outputs:
