@@ -56,6 +56,7 @@ def run(request: dict) -> dict:
         "peak_rss_bytes": peak * 1024 if peak else None,
         "cpus": sorted(os.sched_getaffinity(0)),
         "kernels": session.kernels(),
+        "bound_outputs": session.bound_outputs,
     }
 
 

@@ -192,6 +192,10 @@ def validate_artifact(model_path: str | Path, settings: RuntimeSettings, budgets
     host = host_info().describe()
     load = max(load_before, _load_average())
     notes += _precision_notes(settings, result["effective_settings"]) + _load_notes(load, host)
+    if not result.get("bound_outputs", True):  # a probe from before the field: bound
+        notes.append("timed without bound outputs: ONNX Runtime refused an output binding (a declared output "
+                     "shape the graph does not compute), so each call also copies its outputs out, as a plain run "
+                     "does; latency reads a little higher than a bound run's")
     report = ValidationReport(
         artifact=str(path), files=artifact_files(path), settings=settings,
         effective_settings=result["effective_settings"], runtime_version=result["runtime_version"],
