@@ -259,6 +259,9 @@ def _locate(text: str) -> Path:
     raise BadInputError(f"unknown target '{text}' (known: {known}; or give a .toml path)")
 
 
+_RUNTIME_OWN = ("spinning",)  # [runtime] keys of one runtime only: a profile that switches runtime drops them
+
+
 def _resolve(path: Path, seen: tuple[Path, ...]) -> tuple[dict, tuple[str, ...]]:
     """The profile's tables merged over its bases' (deep, key by key), and the chain of base names."""
     raw = _read(path)
@@ -273,6 +276,9 @@ def _resolve(path: Path, seen: tuple[Path, ...]) -> tuple[dict, tuple[str, ...]]
     except BadInputError:
         raise BadInputError(f"{path}: extends: no base profile named '{base_name}'") from None
     base, chain = _resolve(base_path, (*seen, path.resolve()))
+    runtime, base_runtime = raw.get("runtime", {}), base.get("runtime", {})
+    if runtime.get("name", base_runtime.get("name")) != base_runtime.get("name"):  # another runtime: the base's
+        base = base | {"runtime": {k: v for k, v in base_runtime.items() if k not in _RUNTIME_OWN}}  # own go
     merged = {k: (base.get(k, {}) | v if isinstance(v, dict) else v) for k, v in raw.items()}
     merged = base | merged
     merged.pop("abstract", None)

@@ -199,3 +199,16 @@ def test_fp32_comparisons_run_the_way_the_profile_runs(profiles):
     profiles("wide", VALID.replace("threads = 2", "threads = 64"))
     wide = settings_for("openvino", load_target("wide"))
     assert wide.threads == min(64, os.cpu_count()) and wide.inference_precision == "f32"  # precision stays pinned
+
+
+def test_a_profile_can_switch_its_base_runtime(profiles):
+    """TOML cannot unset a key, so a profile that extends an ONNX Runtime profile and runs OpenVINO instead does
+    not inherit ONNX Runtime's own settings (spinning); set in the profile itself, they are still refused."""
+    profiles("ort", VALID.replace("threads = 2", 'threads = 2\nname = "onnxruntime"\nspinning = false'))
+    switched = profiles("ov", 'extends = "ort"\n[runtime]\nname = "openvino"\n')
+    settings = load_target(switched).settings
+    assert settings.runtime == "openvino" and settings.spinning is None
+    assert load_target(profiles("ort-child", 'extends = "ort"\n[runtime]\nthreads = 1\n')).settings.spinning is False
+    both = profiles("both", 'extends = "ort"\n[runtime]\nname = "openvino"\nspinning = true\n')
+    with pytest.raises(BadInputError, match="'runtime.spinning' is an ONNX Runtime setting"):
+        load_target(both)
