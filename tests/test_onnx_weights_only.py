@@ -237,8 +237,8 @@ def test_grouped_conv_correction_matches_the_mean_shift(groups, out):
 
 def test_weights_only_is_measured_when_every_int8_file_misses_the_gate(cli, tiny_onnx, tmp_path):
     """Where every int8-compute candidate misses the gate's cosine, weights-only is built too: it wins if it reaches
-    the gate and runs decisively faster, else the exit names it and how to pin it. It is not built where some
-    int8 file reaches the gate."""
+    the gate and runs decisively faster, else the exit names it and how to pin it. It is not built for quality
+    where some int8 file reaches the gate (only for speed, where the pick measured slower than FP32)."""
     import json
 
     data = tmp_path / "d.npz"
@@ -250,7 +250,8 @@ def test_weights_only_is_measured_when_every_int8_file_misses_the_gate(cli, tiny
         cosines = {c["backend"]: c["min_output_cosine"] for c in decided["candidates"]}
         int8 = [c for backend, c in cosines.items() if backend != "weights-only"]
         if min(max(int8), 1.0) >= float(floor):
-            assert "weights-only" not in cosines, cosines
+            for_speed = any("measured slower than FP32" in step for step in decided["normalisation"])
+            assert ("weights-only" in cosines) == for_speed, (cosines, decided["normalisation"])
             continue
         assert "weights-only" in cosines, cosines  # built to measure it
         if result.exit_code == 3:

@@ -75,7 +75,8 @@ from edgeopt.onnx_work import (COMPUTE_OPS, FLOAT_COMPUTE_ACTIVATIONS, FLOAT_COM
 from edgeopt.passes.onnx_weights_only import symmetric_int8, weights_only
 from edgeopt.recurrent import ONNX_CELLS, ONNX_WEIGHT_AXIS, ONNX_WEIGHT_INPUTS, has_onnx_cells
 from edgeopt.recurrent import TOLERANCE as RECURRENT_TOLERANCE
-from edgeopt.vs_fp32 import BLOCK_S, COVERAGE, Rounds, interleaved_rounds, median_interval, settings_for
+from edgeopt.vs_fp32 import (BLOCK_S, COVERAGE, SLOWER_TOLERANCE, Rounds, interleaved_rounds, median_interval,
+                             settings_for)
 
 FIDELITY_TOLERANCE = 0.01  # a candidate this close to the best cosine contends: a measured speed gain wins
 MAX_UNFUSED = 0.1  # a graph with more than 10% of its quantized Conv/Gemm/MatMul unfusable runs them in float
@@ -99,6 +100,8 @@ ORDER = BACKENDS + TRANSFORMER_BACKENDS[1:] + (HYBRID_BACKEND,)  # the rule's la
 CONV_OPS = ("Conv", "ConvTranspose")  # what "ort-hybrid" quantizes statically (and their Relu/Clip)
 MIXED_RANGE = 16.0  # an output Concat whose inputs' ranges differ this much stays float (4+ bits of the smaller lost)
 RACE_MAX_ROUNDS, RACE_MAX_S = 16, 15.0  # the speed race stays cheap: it runs on every compress
+SPARE_MAX_SIZE = 0.5  # WEIGHTS_ONLY joins a race the pick lost to FP32 only when it stores this share of FP32's bytes
+# or less: where no weight is worth storing int8 (a 16-byte conv) it is the FP32 graph again
 
 
 @dataclass
@@ -216,6 +219,7 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
     prepared = normalise(model, feeds=calibration.samples[0], dynamic=dynamic)
     recurrent = recurrent_float and has_onnx_cells(prepared.model)
     arithmetic = None
+    auto = backends is None  # not pinned: edgeopt may build more candidates than these when they lose
     if backends is None:
         if not transformer and not recurrent:
             arithmetic = _arithmetic(prepared.model, calibration.samples[0])
@@ -251,6 +255,7 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
                              if held_out is not None and len(held_out) else
                              (calibration.samples[-CHOICE_SAMPLES:], f"the last {CHOICE_SAMPLES} calibration samples"))
         fp32_session, reference = _open_reference(as_shipped(prepared.model, dynamic), judged, Path(tmp), settings)
+        mode = None
         if recurrent:
             mode, cosines = recurrent_mode(prepared.model, judged, reference)
             prepared.steps.append(f"recurrent cells {CELL_LABELS[mode]}, the most compressed within "
@@ -258,10 +263,7 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
                                   f"quantized (" + ", ".join(f"{CELL_LABELS[m]} {c:.4f}" for m, c in cosines.items())
                                   + f", on {judged_on})")
             for b in built:
-                try:
-                    b.model = None if b.model is None else quantize_recurrent(b.model, mode)
-                except Exception as exc:  # noqa: BLE001 - that candidate is out, as a quantizer's failure puts it
-                    b.model, b.error = None, f"{type(exc).__name__}: {first_line(exc)}"[:300]
+                _with_cells(b, mode)
         sessions = _open(built, judged, reference, Path(tmp), settings, dynamic)
         fell_back = arithmetic is not None and backends == (WEIGHTS_ONLY,) and built[0].error is not None
         if fell_back:  # weights-only could not be built or run: int8 compute after all
@@ -278,14 +280,26 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
             sessions.update(_open([rescue], judged, reference, Path(tmp), settings, dynamic))
             if rescue.model is not None and rescue.error is None:
                 usable.append(rescue)
-        for b in usable:
-            b.unfused = unfused_share(b.model)
-        for b in contenders(usable, cosine_floor):
-            b.contender = True
-        rule = choose(usable, cosine_floor)
         feeds = judged[0]
-        timed = race(fp32_session.bind(feeds), [sessions[b.backend].bind(feeds) for b in usable], usable, rule)
-    chosen, reason = pick(usable, rule, cosine_floor)
+        rule, timed = _race(fp32_session, sessions, usable, cosine_floor, feeds)
+        chosen, reason = pick(usable, rule, cosine_floor)
+        if (auto and not transformer and _slower_than_fp32(chosen)
+                and WEIGHTS_ONLY not in {b.backend for b in built}):
+            spare = _with_cells(build(WEIGHTS_ONLY), mode)  # int8 compute loses here: float compute may not
+            built.append(spare)
+            sessions.update(_open([spare], judged, reference, Path(tmp), settings, dynamic))
+            fp32_bytes = (Path(tmp) / "fp32.onnx").stat().st_size
+            if spare.error is None and spare.model is not None and spare.bytes <= SPARE_MAX_SIZE * fp32_bytes:
+                prepared.steps.append(
+                    f"{chosen.backend}, the pick, measured slower than FP32 (p50 {chosen.p50_ratio:.2f}x, "
+                    f"{COVERAGE:.0%} interval {chosen.p50_ratio_interval[0]:.2f}-"
+                    f"{chosen.p50_ratio_interval[1]:.2f}x): {WEIGHTS_ONLY} (int8 weights, float compute) built "
+                    "and raced with the others")
+                usable.append(spare)
+                for b in usable:
+                    b.contender, b.vs_rule = False, None
+                rule, timed = _race(fp32_session, sessions, usable, cosine_floor, feeds)
+                chosen, reason = pick(usable, rule, cosine_floor)
     if arithmetic is not None and arithmetic.float_compute:
         why = (f"{math.floor(arithmetic.intensity * 10) / 10:g} MACs per activation element (below "
                f"{FLOAT_COMPUTE_INTENSITY:g}) and {arithmetic.activation_share:.0%} of the compute ops followed by an "
@@ -297,6 +311,35 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
                   f"instead: {reason}")
     return OnnxInt8(chosen.model, chosen.backend, prepared.steps, built, round(timed.p50_ms[0], 4), rule.backend,
                     reason, len(timed.medians), judged_on, cosine_floor, arithmetic, settings)
+
+
+def _with_cells(b: Built, mode: str | None) -> Built:
+    """``b`` with its recurrent cells quantized in ``mode`` (:func:`quantize_recurrent`; None: no cells); a
+    failure puts the candidate out, as a quantizer's does."""
+    if mode is not None and b.model is not None:
+        try:
+            b.model = quantize_recurrent(b.model, mode)
+        except Exception as exc:  # noqa: BLE001 - that candidate is out, as a quantizer's failure puts it
+            b.model, b.error = None, f"{type(exc).__name__}: {first_line(exc)}"[:300]
+    return b
+
+
+def _race(fp32_session, sessions: dict, usable: list[Built], cosine_floor: float | None,
+          feeds: dict) -> tuple[Built, Rounds]:
+    """Mark the contenders among ``usable``, take the rule's pick (:func:`choose`) and :func:`race` them all
+    against FP32 on ``feeds``: (the rule's pick, the rounds)."""
+    for b in usable:
+        b.unfused = unfused_share(b.model)
+    for b in contenders(usable, cosine_floor):
+        b.contender = True
+    rule = choose(usable, cosine_floor)
+    return rule, race(fp32_session.bind(feeds), [sessions[b.backend].bind(feeds) for b in usable], usable, rule)
+
+
+def _slower_than_fp32(b: Built) -> bool:
+    """Measured slower than FP32 in the race, as ``edgeopt.vs_fp32`` flags an artifact: the whole interval on the
+    p50 ratio above ``1 + SLOWER_TOLERANCE``."""
+    return b.p50_ratio_interval is not None and b.p50_ratio_interval[0] > 1 + SLOWER_TOLERANCE
 
 
 def _arithmetic(model, sample: dict) -> Work | None:
