@@ -51,7 +51,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from edgeopt.device.budgets import BUDGET_FIELDS, SPREAD_BUDGETS, Budgets, check_budgets, mark_emulated
-from edgeopt.device.host import HostInfo
+from edgeopt.device.host import HostInfo, not_the_device
 from edgeopt.device.runtime import PRECISIONS, RUNTIMES, RuntimeSettings
 from edgeopt.device.task_metric import MetricSpec
 from edgeopt.device.validate import isa_cap_note
@@ -107,9 +107,7 @@ class Target:
 
     def is_host(self, host: HostInfo) -> bool:
         """True when ``host`` is this device: same architecture, a CPU model that matches, enough CPUs."""
-        model = host.cpu_model.lower()
-        return (host.machine == self.device.arch and host.usable_cpus >= self.device.cores
-                and any(m.lower() in model for m in self.device.cpu_match))
+        return not not_the_device(asdict(self.device), host.machine, host.cpu_model, host.usable_cpus)
 
     def describe(self) -> dict:
         return {"name": self.name, "description": self.description, "device": asdict(self.device),

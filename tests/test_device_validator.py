@@ -36,7 +36,28 @@ sys.meta_path.insert(0, _Block())
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory) -> Path:
-    return digits_bundle(tmp_path_factory)
+    """The digits bundle re-packed for a profile whose device is this host (its ``cpu_match`` names this CPU), as
+    a bundle built for the device the validator runs on is."""
+    from edgeopt.device.host import host_info
+
+    folder = tmp_path_factory.mktemp("this-host")
+    manifest = open_bundle(digits_bundle(tmp_path_factory), extract_to=folder / "files").manifest
+    manifest["target"]["device"]["cpu_match"] = [host_info().cpu_model]
+    files = {name: folder / "files" / name for name in manifest.pop("files")}
+    return write_bundle(folder / "digits.tar.gz", manifest, files)
+
+
+def test_a_generic_profile_is_never_measured_as_its_device(tmp_path_factory, tmp_path):
+    """A bundle for a profile that names no CPU (``cpu_match``) to recognise its device by reads EMULATED on any
+    host, as ``edgeopt validate`` reads it on the build host: an emulated figure is never a device pass."""
+    result = subprocess.run([sys.executable, "-m", "edgeopt.device", "validate", digits_bundle(tmp_path_factory),
+                             *FAST, "--json", tmp_path / "r.json"], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path)
+    assert result.returncode in (0, 4), result.stderr  # 4: an emulated figure over budget on a busy host
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert "no cpu_match: a generic profile" in report["emulation_note"] and report["emulated"]
+    timing = [c for c in report["checks"] if c["name"] not in ("max_file_mb", "max_peak_rss_mb")]  # same arch:
+    assert timing and all(c["verdict"] != "PASS" for c in timing)  # bytes and memory are this host's own
 
 
 @pytest.fixture(scope="module")

@@ -113,7 +113,7 @@ def _imported(bundle: str, results: str, target: str | None):
     manifest = open_bundle(bundle).manifest
     budgets = load_target(target).budgets if target else Budgets.from_dict(manifest["target"]["budgets"])
     host = data["host"]
-    other = not_the_device(manifest["target"]["device"], host["machine"], host["cpu_model"])
+    other = not_the_device(manifest["target"]["device"], host["machine"], host["cpu_model"], host.get("usable_cpus"))
     note = (f"imported from {results}: measured {'on another machine' if other else 'on the device'} "
             f"({host['cpu_model']}, {host['machine']}, {host['os']}) on bundle sha256 {data['bundle']['sha256']}")
     if other and data["emulation_note"] is None:  # a result from a validator that did not check its host

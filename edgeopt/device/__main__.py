@@ -206,7 +206,7 @@ def validate_bundle(bundle, runs: int, warmup: int, min_seconds: float):
     notes = [f"bundle {bundle.path.name} sha256 {bundle.sha256}"
              + (f", build {manifest['build_id']}" if manifest["build_id"] else "")]
     host = host_info()
-    other = not_the_device(target["device"], host.machine, host.cpu_model)
+    other = not_the_device(target["device"], host.machine, host.cpu_model, host.usable_cpus)
     if settings.threads and settings.threads > host.usable_cpus:
         notes.append(f"the profile runs {settings.threads} threads but this host has {host.usable_cpus} usable CPUs")
     shapes = {name: tuple(dims) for name, dims in target["input_shapes"].items()}

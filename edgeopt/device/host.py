@@ -7,14 +7,19 @@ import platform
 from dataclasses import asdict, dataclass
 
 
-def not_the_device(device: dict, machine: str, cpu_model: str) -> str:
-    """Why a host (``machine``, ``cpu_model``) is not the profile's ``device`` (a manifest's ``target.device``):
-    another architecture, or a CPU its ``cpu_match`` does not name; "" when nothing says so."""
+def not_the_device(device: dict, machine: str, cpu_model: str, usable_cpus: int | None = None) -> str:
+    """Why a host (``machine``, ``cpu_model``, ``usable_cpus``) is not the profile's ``device`` (a manifest's
+    ``target.device``): another architecture, a CPU its ``cpu_match`` does not name, or none named at all (a
+    generic profile: no host is its device), or fewer usable CPUs than the device's cores; "" when it is."""
     if device.get("arch") and device["arch"] != machine:
         return f"the host is {machine}, the device {device['arch']}"
     matches = device.get("cpu_match") or []
-    if matches and not any(m.lower() in cpu_model.lower() for m in matches):
+    if not matches:
+        return "the profile names no CPU to recognise its device by (no cpu_match: a generic profile)"
+    if not any(m.lower() in cpu_model.lower() for m in matches):
         return f"the host's CPU ({cpu_model}) is not the profiled device's ({device.get('cpu')})"
+    if usable_cpus is not None and device.get("cores") and usable_cpus < device["cores"]:
+        return f"the host has {usable_cpus} usable CPUs, the device {device['cores']} cores"
     return ""
 
 
