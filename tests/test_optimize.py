@@ -7,8 +7,10 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from html.parser import HTMLParser
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -283,3 +285,27 @@ def test_a_step_that_cannot_write_the_device_s_format_is_skipped_with_why(profil
                                                         "onnx (onnxruntime)")
     assert _skip_reason(repair, load_target("generic-x86-avx2-2core"), "onnx", []) != _skip_reason(repair, target,
                                                                                                    "onnx", [])
+
+
+def test_no_candidate_built_is_bad_input_not_quality(tiny_calib, tmp_path):
+    """A factory that works once per process (it leaves the process in a state its second call trips on): every
+    candidate's build fails, which is the model's fault, not a quality verdict: exit 2 naming why, not exit 3."""
+    factory = tmp_path / "once.py"
+    factory.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "import torch\n"
+        "from conftest import TinyNet\n"
+        "def build():\n"
+        "    if getattr(sys, '_edgeopt_test_built', False):\n"
+        "        raise RuntimeError('the pitch model registers itself once per process')\n"
+        "    sys._edgeopt_test_built = True\n"
+        "    return TinyNet().eval(), torch.zeros(1, 1, 8, 8)\n")
+    try:
+        result = optimize(f"{factory}:build", "--target", "digits-tight", "--calib", tiny_calib, "--eval", tiny_calib,
+                          "--out", tmp_path / "out", "--cache", tmp_path / "cache")
+    finally:
+        sys._edgeopt_test_built = False
+    assert result.exit_code == 2, result.output
+    assert "no candidate could be built" in result.stderr and "registers itself once per process" in result.stderr
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["verdict"] == "unbuilt"

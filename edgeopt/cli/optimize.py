@@ -8,7 +8,7 @@ import click
 
 from edgeopt.cli.gate_options import gate_options, quality_gate
 from edgeopt.cli.out_options import force_option, guard_outputs
-from edgeopt.errors import BudgetError, QualityGateError
+from edgeopt.errors import BadInputError, BudgetError, QualityGateError
 from edgeopt.out_guard import input_bytes
 from edgeopt.targets import OBJECTIVES
 
@@ -56,8 +56,8 @@ def optimize(model, target, calibration, eval_data, out, max_drop, min_cosine, m
     (FP16/INT8, accuracy-controlled INT8, weight compression, pruning + distillation) until one meets every
     budget of the profile and the quality gate.
 
-    Exit 0 when one is found, 3 when nothing keeps quality, 4 when nothing meets the budgets, 2 on bad input,
-    5 when the devices give no figures (or --require-device and only emulated ones).
+    Exit 0 when one is found, 3 when nothing keeps quality, 4 when nothing meets the budgets, 2 on bad input
+    (also when no candidate could be built), 5 when the devices give no figures (or --require-device and only emulated ones).
     """
     from edgeopt.api import optimize as run_optimize
     from edgeopt.cli.streams import library_output
@@ -101,6 +101,9 @@ def optimize(model, target, calibration, eval_data, out, max_drop, min_cosine, m
         closest = result.closest
         raise BudgetError(f"no candidate meets every budget of {profile.name}; closest: {closest.label} "
                           f"({closest.recipe}) fails {tables.failing_text(closest.describe())}; {where}")
+    if result.verdict == "unbuilt":
+        raise BadInputError(f"no candidate could be built: {' | '.join(result.build_failures)} (a PyTorch factory is "
+                            f"called once per candidate); {where}")
     if result.verdict == "quality":
         failed = "; ".join(f"{c.label}: {c.gate_check}" for c in result.candidates if c.gate_passed is False)
         raise QualityGateError(f"no candidate passes the quality gate ({failed or 'none was built'}); {where}")

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from edgeopt import atomic, jsonio
-from edgeopt.errors import BudgetError, DeviceError, EdgeoptError, QualityGateError, first_line
+from edgeopt.errors import BadInputError, BudgetError, DeviceError, EdgeoptError, QualityGateError, first_line
 from edgeopt.fleet.slots import overlaps
 from edgeopt.fleet.spec import FleetModel, FleetSpec, FleetTarget
 from edgeopt.file_digest import sha256_file
@@ -163,6 +163,8 @@ def _verdict(result) -> tuple[str, int, str]:
     if result.verdict == "budgets":
         c = result.closest
         return "budgets", BudgetError.exit_code, f"closest {c.label} ({c.recipe}) fails {failing_text(c.describe())}"
+    if result.verdict == "unbuilt":
+        return "bad input", BadInputError.exit_code, f"no candidate could be built: {' | '.join(result.build_failures)}"
     failed = "; ".join(f"{c.label}: {c.gate_check}" for c in result.candidates if c.gate_passed is False)
     return "quality", QualityGateError.exit_code, f"no candidate keeps quality ({failed or 'none was built'})"
 

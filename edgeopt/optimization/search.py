@@ -50,8 +50,20 @@ class OptimizeResult:
 
     @property
     def verdict(self) -> str:
-        """``found``, ``budgets`` (some candidate keeps quality, none meets every budget) or ``quality``."""
-        return "found" if self.chosen else ("budgets" if self.closest else "quality")
+        """``found``, ``budgets`` (some candidate keeps quality, none meets every budget), ``unbuilt`` (no
+        candidate could be built: every build refused the model, data or recipe) or ``quality``."""
+        if self.chosen:
+            return "found"
+        if self.closest:
+            return "budgets"
+        return "unbuilt" if self.build_failures and not any(c.artifact for c in self.candidates) else "quality"
+
+    @property
+    def build_failures(self) -> list[str]:
+        """Why candidates could not be built, each reason once, in the order met."""
+        prefix = "build failed: "
+        return list(dict.fromkeys(c.skipped[len(prefix):] for c in self.candidates
+                                  if (c.skipped or "").startswith(prefix)))
 
     def describe(self) -> dict:
         return self.report().to_dict()
