@@ -121,6 +121,7 @@ def test_reports_are_written_and_well_formed(digits):
     for candidate in report["candidates"]:
         assert f" {candidate['label']} " in markdown or f"★ {candidate['label']} " in markdown
     assert "FAIL 0.9" in markdown and "PASS" in markdown  # the FP32 IR's size, per budget
+    assert "quality vs original" in markdown and "top-1 drop " in markdown  # labelled digits: the top-1 drop
     assert "emulated on" in markdown and report["host"]["cpu_model"] in markdown
 
     parser = _Html()

@@ -12,7 +12,7 @@ from edgeopt.device.budgets import BUDGET_FIELDS
 from edgeopt.optimization.candidate import TIE_TOLERANCE
 
 CANDIDATE_HEADERS = ("stage", "candidate", "precision", "recipe", "size", "p50 ms", "p95 ms", "p99 ms", "CV",
-                     "peak RSS", "top-1 drop", "quality gate", "budgets", "cache")
+                     "peak RSS", "quality vs original", "quality gate", "budgets", "cache")
 
 
 @dataclass(frozen=True)
@@ -52,9 +52,9 @@ def candidate_rows(report: dict) -> list[Row]:
             rows.append(Row(cells, "skipped"))
             continue
         drop, metric = quality["top1_drop"], quality.get("metric")
-        quality_text = (f"{metric['primary']} {-metric['drop']:+.4g}" if metric is not None
-                        else f"{drop * 100:+.2f} pp" if drop is not None
-                        else f"cos {quality['cosine']:.4f}" if quality["cosine"] is not None else "-")
+        quality_text = (f"{metric['primary']} drop {metric['drop']:+.4g} (towards worse)" if metric is not None
+                        else f"top-1 drop {drop * 100:+.2f} pp" if drop is not None
+                        else f"cosine {quality['cosine']:.4f}" if quality["cosine"] is not None else "-")
         emulated = any(ch.get("status", "measured") != "measured" for ch in c["checks"])
         budgets = (("EMULATED" if emulated else "PASS") if c["budgets_passed"] else "FAIL: " + ", ".join(
             ch["name"] for ch in c["checks"] if not ch["passed"])) if c["checks"] else "not measured"
