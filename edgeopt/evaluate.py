@@ -27,7 +27,7 @@ class Fidelity:
     """How closely one output follows the reference's, over all samples."""
 
     cosine: float  # mean over samples of the cosine similarity of the flattened output (one value per sample:
-    # the cosine of all samples' values, ``compare_outputs``)
+    # the cosine of all samples' values around the reference's mean, ``centred_cosine``)
     max_abs_error: float
     mean_abs_error: float
     top1_agreement: float | None  # share of samples whose argmax matches (classifier outputs only)
@@ -273,16 +273,30 @@ def sample_cosines(outputs: np.ndarray, reference: np.ndarray) -> np.ndarray:
     return np.where(norms > 0, np.sum(a * b, axis=1) / np.maximum(norms, 1e-300), np.where(both_zero, 1.0, 0.0))
 
 
+def centred_cosine(values: np.ndarray, reference: np.ndarray) -> float:
+    """Cosine of ``values`` and ``reference`` (one number per sample) around the reference's mean: how well they
+    follow the reference's variation, an offset counting against them. Uncentred, scores that cluster away from
+    zero read near 1 whatever they do: DNSMOS's P.808 head (MOS 2.1-3.1), quantized, read 0.998 with MOS errors
+    up to 0.52 and a correlation of 0.90. A reference that does not vary is compared uncentred."""
+    mean = reference.mean()
+    spread = reference - mean
+    if not np.any(np.abs(spread) > 1e-12 * max(abs(mean), 1.0)):
+        spread, values = reference, values + 0.0
+    else:
+        values = values - mean
+    return float(sample_cosines(values[None], spread[None])[0])
+
+
 def compare_outputs(outputs: np.ndarray, reference: np.ndarray, output: str | None = None,
                     classifier: bool | None = None) -> Fidelity:
     """Fidelity of ``outputs`` (samples x ...) to ``reference``; top-1 agreement for a classifier output (by
     default: any output of more than one value per sample). The cosine is per sample, except for an output of one
     value per sample (a VAD's speech probability, a score): the cosine of one number is only its sign, so those
-    are compared as one vector across the samples."""
+    are compared as one vector across the samples, centred on the reference's mean (:func:`centred_cosine`)."""
     a = outputs.astype(np.float64).reshape(len(outputs), -1)
     b = reference.astype(np.float64).reshape(len(reference), -1)
     scalar = a.shape[1] == 1 and len(a) > 1
-    cosine = sample_cosines(a.T, b.T) if scalar else sample_cosines(a, b)
+    cosine = np.array([centred_cosine(a[:, 0], b[:, 0])]) if scalar else sample_cosines(a, b)
     error = np.abs(a - b)
     classifier = a.shape[1] > 1 if classifier is None else classifier
     agreement = float(np.mean(a.argmax(axis=1) == b.argmax(axis=1))) if classifier and not scalar and a.shape[1] > 1 \

@@ -165,5 +165,22 @@ def test_one_value_per_sample_is_compared_across_samples():
     reference = np.array([[0.9], [0.8], [0.1]])
     swapped = np.array([[0.1], [0.8], [0.9]])  # speech and silence swapped
     fidelity = compare_outputs(swapped, reference)
-    assert fidelity.cosine == pytest.approx(0.82 / 1.46) and fidelity.top1_agreement is None
+    assert fidelity.cosine == pytest.approx(-0.26 / 0.38) and fidelity.top1_agreement is None  # centred: anti
     assert compare_outputs(reference.copy(), reference).cosine == pytest.approx(1.0)
+
+
+def test_scores_clustered_away_from_zero_are_compared_around_their_mean():
+    """DNSMOS's P.808 MOS head quantized in OpenVINO: scores of 2.1-3.1 off by up to 0.5 read cosine 0.998
+    uncentred; around the reference's mean the same values read what their correlation says. An offset counts
+    against them; a reference that does not vary is compared uncentred."""
+    from edgeopt.evaluate import compare_outputs
+
+    rng = np.random.default_rng(0)
+    reference = 2.6 + 0.3 * rng.standard_normal((64, 1))
+    noisy = reference + 0.15 * rng.standard_normal((64, 1))
+    uncentred = float((noisy * reference).sum() / np.linalg.norm(noisy) / np.linalg.norm(reference))
+    assert uncentred > 0.99 > compare_outputs(noisy, reference).cosine  # the gate's 0.99 now sees it
+    assert compare_outputs(noisy, reference).cosine == pytest.approx(np.corrcoef(noisy[:, 0], reference[:, 0])[0, 1],
+                                                                     abs=0.03)
+    assert compare_outputs(reference + 0.3, reference).cosine < 0.9  # an offset of one spread
+    assert compare_outputs(np.full((8, 1), 0.5), np.full((8, 1), 0.5)).cosine == pytest.approx(1.0)
