@@ -75,8 +75,7 @@ from edgeopt.onnx_work import (COMPUTE_OPS, FLOAT_COMPUTE_ACTIVATIONS, FLOAT_COM
 from edgeopt.passes.onnx_weights_only import symmetric_int8, weights_only
 from edgeopt.recurrent import ONNX_CELLS, ONNX_WEIGHT_AXIS, ONNX_WEIGHT_INPUTS, has_onnx_cells
 from edgeopt.recurrent import TOLERANCE as RECURRENT_TOLERANCE
-from edgeopt.vs_fp32 import (BLOCK_S, COVERAGE, SLOWER_TOLERANCE, Rounds, interleaved_rounds, median_interval,
-                             settings_for)
+from edgeopt.vs_fp32 import BLOCK_S, COVERAGE, Rounds, interleaved_rounds, median_interval, settings_for
 
 FIDELITY_TOLERANCE = 0.01  # a candidate this close to the best cosine contends: a measured speed gain wins
 MAX_UNFUSED = 0.1  # a graph with more than 10% of its quantized Conv/Gemm/MatMul unfusable runs them in float
@@ -100,7 +99,7 @@ ORDER = BACKENDS + TRANSFORMER_BACKENDS[1:] + (HYBRID_BACKEND,)  # the rule's la
 CONV_OPS = ("Conv", "ConvTranspose")  # what "ort-hybrid" quantizes statically (and their Relu/Clip)
 MIXED_RANGE = 16.0  # an output Concat whose inputs' ranges differ this much stays float (4+ bits of the smaller lost)
 RACE_MAX_ROUNDS, RACE_MAX_S = 16, 15.0  # the speed race stays cheap: it runs on every compress
-SPARE_MAX_SIZE = 0.5  # WEIGHTS_ONLY joins a race the pick lost to FP32 only when it stores this share of FP32's bytes
+WEIGHTS_ONLY_MAX_SIZE = 0.5  # WEIGHTS_ONLY contends beside others only when it stores this share of FP32's bytes
 # or less: where no weight is worth storing int8 (a 16-byte conv) it is the FP32 graph again
 
 
@@ -219,7 +218,7 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
     prepared = normalise(model, feeds=calibration.samples[0], dynamic=dynamic)
     recurrent = recurrent_float and has_onnx_cells(prepared.model)
     arithmetic = None
-    auto = backends is None  # not pinned: edgeopt may build more candidates than these when they lose
+    pinned = backends  # a backend named in the recipe: only it may be chosen (a rescue is measured for the hint)
     if backends is None:
         if not transformer and not recurrent:
             arithmetic = _arithmetic(prepared.model, calibration.samples[0])
@@ -255,7 +254,6 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
                              if held_out is not None and len(held_out) else
                              (calibration.samples[-CHOICE_SAMPLES:], f"the last {CHOICE_SAMPLES} calibration samples"))
         fp32_session, reference = _open_reference(as_shipped(prepared.model, dynamic), judged, Path(tmp), settings)
-        mode = None
         if recurrent:
             mode, cosines = recurrent_mode(prepared.model, judged, reference)
             prepared.steps.append(f"recurrent cells {CELL_LABELS[mode]}, the most compressed within "
@@ -269,6 +267,7 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
         if fell_back:  # weights-only could not be built or run: int8 compute after all
             built += [build(name) for name in BACKENDS]
             sessions.update(_open(built[1:], judged, reference, Path(tmp), settings, dynamic))
+        _unless_it_shrinks(built, (Path(tmp) / "fp32.onnx").stat().st_size)
         usable = [b for b in built if b.model is not None and b.error is None]
         if not usable:
             raise BadInputError("int8: no INT8 backend can quantize this ONNX model: "
@@ -280,26 +279,8 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
             sessions.update(_open([rescue], judged, reference, Path(tmp), settings, dynamic))
             if rescue.model is not None and rescue.error is None:
                 usable.append(rescue)
-        feeds = judged[0]
-        rule, timed = _race(fp32_session, sessions, usable, cosine_floor, feeds)
-        chosen, reason = pick(usable, rule, cosine_floor)
-        if (auto and not transformer and _slower_than_fp32(chosen)
-                and WEIGHTS_ONLY not in {b.backend for b in built}):
-            spare = _with_cells(build(WEIGHTS_ONLY), mode)  # int8 compute loses here: float compute may not
-            built.append(spare)
-            sessions.update(_open([spare], judged, reference, Path(tmp), settings, dynamic))
-            fp32_bytes = (Path(tmp) / "fp32.onnx").stat().st_size
-            if spare.error is None and spare.model is not None and spare.bytes <= SPARE_MAX_SIZE * fp32_bytes:
-                prepared.steps.append(
-                    f"{chosen.backend}, the pick, measured slower than FP32 (p50 {chosen.p50_ratio:.2f}x, "
-                    f"{COVERAGE:.0%} interval {chosen.p50_ratio_interval[0]:.2f}-"
-                    f"{chosen.p50_ratio_interval[1]:.2f}x): {WEIGHTS_ONLY} (int8 weights, float compute) built "
-                    "and raced with the others")
-                usable.append(spare)
-                for b in usable:
-                    b.contender, b.vs_rule = False, None
-                rule, timed = _race(fp32_session, sessions, usable, cosine_floor, feeds)
-                chosen, reason = pick(usable, rule, cosine_floor)
+        rule, timed = _race(fp32_session, sessions, usable, cosine_floor, judged[0], pinned)
+    chosen, reason = pick(usable, rule, cosine_floor)
     if arithmetic is not None and arithmetic.float_compute:
         why = (f"{math.floor(arithmetic.intensity * 10) / 10:g} MACs per activation element (below "
                f"{FLOAT_COMPUTE_INTENSITY:g}) and {arithmetic.activation_share:.0%} of the compute ops followed by an "
@@ -313,10 +294,10 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
                     reason, len(timed.medians), judged_on, cosine_floor, arithmetic, settings)
 
 
-def _with_cells(b: Built, mode: str | None) -> Built:
-    """``b`` with its recurrent cells quantized in ``mode`` (:func:`quantize_recurrent`; None: no cells); a
-    failure puts the candidate out, as a quantizer's does."""
-    if mode is not None and b.model is not None:
+def _with_cells(b: Built, mode: str) -> Built:
+    """``b`` with its recurrent cells quantized in ``mode`` (:func:`quantize_recurrent`); a failure puts the
+    candidate out, as a quantizer's does."""
+    if b.model is not None:
         try:
             b.model = quantize_recurrent(b.model, mode)
         except Exception as exc:  # noqa: BLE001 - that candidate is out, as a quantizer's failure puts it
@@ -324,22 +305,29 @@ def _with_cells(b: Built, mode: str | None) -> Built:
     return b
 
 
-def _race(fp32_session, sessions: dict, usable: list[Built], cosine_floor: float | None,
-          feeds: dict) -> tuple[Built, Rounds]:
-    """Mark the contenders among ``usable``, take the rule's pick (:func:`choose`) and :func:`race` them all
-    against FP32 on ``feeds``: (the rule's pick, the rounds)."""
+def _unless_it_shrinks(built: list[Built], fp32_bytes: int) -> None:
+    """Put ``WEIGHTS_ONLY`` out of a race beside others where it stores more than ``WEIGHTS_ONLY_MAX_SIZE`` of
+    FP32's bytes: no weight was worth storing int8, so it is the FP32 graph again (it would win any race against
+    int8 compute that loses, as an "int8" file with nothing int8 in it)."""
+    if len(built) < 2:
+        return
+    for b in built:
+        if b.backend == WEIGHTS_ONLY and b.error is None and b.bytes > WEIGHTS_ONLY_MAX_SIZE * fp32_bytes:
+            b.error = (f"not a contender: it stores {b.bytes / fp32_bytes:.0%} of FP32's bytes (at most "
+                       f"{WEIGHTS_ONLY_MAX_SIZE:.0%}): no weight worth storing int8")
+
+
+def _race(fp32_session, sessions: dict, usable: list[Built], cosine_floor: float | None, feeds: dict,
+          pinned: tuple[str, ...] | None = None) -> tuple[Built, Rounds]:
+    """Mark the contenders among ``usable`` (only the ``pinned`` backends, when a recipe names them), take the
+    rule's pick (:func:`choose`) and :func:`race` them all against FP32 on ``feeds``: (the rule's pick, the
+    rounds)."""
     for b in usable:
         b.unfused = unfused_share(b.model)
     for b in contenders(usable, cosine_floor):
-        b.contender = True
+        b.contender = pinned is None or b.backend in pinned
     rule = choose(usable, cosine_floor)
     return rule, race(fp32_session.bind(feeds), [sessions[b.backend].bind(feeds) for b in usable], usable, rule)
-
-
-def _slower_than_fp32(b: Built) -> bool:
-    """Measured slower than FP32 in the race, as ``edgeopt.vs_fp32`` flags an artifact: the whole interval on the
-    p50 ratio above ``1 + SLOWER_TOLERANCE``."""
-    return b.p50_ratio_interval is not None and b.p50_ratio_interval[0] > 1 + SLOWER_TOLERANCE
 
 
 def _arithmetic(model, sample: dict) -> Work | None:
@@ -380,9 +368,11 @@ def mixed_range_outputs(model, samples: list[dict]) -> list[str]:
 
 def default_backends(model, transformer: bool, recurrent: bool = False,
                      arithmetic: Work | None = None) -> tuple[str, ...]:
-    """The candidates built when none are named: ``BACKENDS`` for a CNN, only ``WEIGHTS_ONLY`` for one whose
+    """The candidates built when none are named: ``BACKENDS`` and ``WEIGHTS_ONLY`` for a CNN (int8 weights with
+    float compute wins only by decisive speed, where ONNX Runtime's int8 kernels cost more than they save: a
+    small classifier, a 20 µs test net), only ``WEIGHTS_ONLY`` for one whose
     ``arithmetic`` says int8 compute cannot pay (:attr:`edgeopt.onnx_work.Work.float_compute`: a static rule, so
-    the same model always gets the same kind), ``RECURRENT_BACKENDS`` for a model with
+    the same model always gets the same kind), ``RECURRENT_BACKENDS`` and ``WEIGHTS_ONLY`` for a model with
     recurrent cells (not a transformer), plus ``HYBRID_BACKEND`` where its Gemm/MatMul weights are at least
     ``HYBRID_MATMUL_SHARE`` of them (:func:`matmul_weight_share`); ``TRANSFORMER_BACKENDS`` for a
     transformer, plus ``HYBRID_BACKEND`` where its Conv weights are at least ``HYBRID_CONV_SHARE`` of its weights
@@ -390,8 +380,8 @@ def default_backends(model, transformer: bool, recurrent: bool = False,
     if not transformer:
         if recurrent:
             hybrid = matmul_weight_share(model) >= HYBRID_MATMUL_SHARE
-            return RECURRENT_BACKENDS + ((HYBRID_BACKEND,) if hybrid else ())
-        return (WEIGHTS_ONLY,) if arithmetic is not None and arithmetic.float_compute else BACKENDS
+            return RECURRENT_BACKENDS + ((HYBRID_BACKEND,) if hybrid else ()) + (WEIGHTS_ONLY,)
+        return (WEIGHTS_ONLY,) if arithmetic is not None and arithmetic.float_compute else BACKENDS + (WEIGHTS_ONLY,)
     if conv_weight_share(model) >= HYBRID_CONV_SHARE:
         return TRANSFORMER_BACKENDS + (HYBRID_BACKEND,)
     return TRANSFORMER_BACKENDS
@@ -993,14 +983,19 @@ def race(fp32_run, runs: list, built: list[Built], rule: Built) -> Rounds:
 
 
 def worst_output_cosine(outputs: list[list[np.ndarray]], reference: list[list[np.ndarray]]) -> float:
-    """Per output, the mean cosine over samples; return the worst output's (every output counts)."""
+    """Per output, the cosine the quality gate reads (``edgeopt.evaluate.compare_outputs``: mean over samples, or
+    across them for one value per sample); return the worst output's (every output counts). Outputs whose size
+    varies with the sample are compared sample by sample."""
+    from edgeopt.evaluate import compare_outputs, sample_cosines
+
     worst = 1.0
     for index in range(len(reference[0])):
-        values = []
-        for got, want in zip(outputs, reference):
-            a = np.asarray(got[index], dtype=np.float64).ravel()
-            b = np.asarray(want[index], dtype=np.float64).ravel()
-            norms = np.linalg.norm(a) * np.linalg.norm(b)
-            values.append(float(a @ b / norms) if norms > 0 else float(np.allclose(a, b)))
-        worst = min(worst, float(np.mean(values)))
+        got = [np.asarray(o[index], dtype=np.float64) for o in outputs]
+        want = [np.asarray(r[index], dtype=np.float64) for r in reference]
+        if len({a.size for a in got + want}) == 1:
+            cosine = compare_outputs(np.stack(got), np.stack(want)).cosine
+        else:
+            cosine = float(np.mean([sample_cosines(a.reshape(1, -1), b.reshape(1, -1))[0]
+                                    for a, b in zip(got, want)]))
+        worst = min(worst, cosine)
     return worst
