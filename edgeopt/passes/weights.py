@@ -144,6 +144,12 @@ def weights(model: WorkingModel, ctx: PassContext, config: WeightsConfig) -> Non
     if uses_data:
         kwargs |= {"dataset": ctx.calibration.to_nncf(), "subset_size": min(subset_size, len(ctx.calibration))}
     skipped: list[str] = []
+    if "onnx" in model.graphs:  # Constant-node weights as initializers, opset >= 13 for per-channel scales
+        from edgeopt.onnx_prep import normalise
+
+        prepared = normalise(model.graphs["onnx"], optimise=False, simplify=False)
+        model.graphs["onnx"] = prepared.model
+        skipped += [f"weights (ONNX): {step}" for step in prepared.steps]
     for fmt, graph in model.graphs.items():
         model.graphs[fmt] = _compress(graph, kwargs, FORMAT_NAMES[fmt], skipped)
     if "onnx" in model.graphs:
@@ -172,7 +178,8 @@ def per_axis_scales(model) -> list[str]:
     """Store again, per output channel, the int8 weights whose DequantizeLinear ONNX Runtime refuses: NNCF 3.4's
     ONNX weight compression gives a Conv weight ``[out, in, k]`` a scale per ``(out, in)`` pair (it reduces over
     the last axis, as for a MatMul), where ONNX Runtime takes a scalar or a 1-D scale along ``axis`` ("scale must
-    be 1D tensor with size ..."; Silero VAD's convolutions). Requantized from the values NNCF stored, per channel
+    be 1D tensor with size ..."; Silero VAD's convolutions), and a 2-D Conv weight ``[out, in, kh, kw]`` a scale
+    ``[out, 1, 1]`` (per output channel, one axis short). Requantized from the values NNCF stored, per channel
     on the DequantizeLinear's axis, in its type (uint8 with zero points for asymmetric modes, int8 symmetric
     otherwise). Return the weights' names."""
     import numpy as np
@@ -194,7 +201,10 @@ def per_axis_scales(model) -> list[str]:
                 if len(node.input) > 2 and node.input[2] in inits else np.zeros_like(scale))
         if scale.shape == stored.shape[:-1]:  # reduced over the last axis, which NNCF dropped
             scale, zero = scale[..., None], zero[..., None]
-        if scale.ndim != stored.ndim:
+        elif scale.ndim < stored.ndim:  # a Conv weight [out, in, kh, kw] scaled [out, 1, 1]: per output channel
+            pad = (1,) * (stored.ndim - scale.ndim)
+            scale, zero = scale.reshape(*scale.shape, *pad), zero.reshape(*zero.shape, *pad)
+        if scale.ndim != stored.ndim or any(s not in (1, d) for s, d in zip(scale.shape, stored.shape)):
             raise BadInputError(f"weights (ONNX): NNCF wrote a scale of shape {list(scale.shape)} for the weight "
                                 f"'{node.input[0]}' of shape {list(stored.shape)}, which ONNX Runtime cannot "
                                 "load (use --format openvino)")
