@@ -202,6 +202,10 @@ def _split(array: np.ndarray, spec: TensorSpec, source: Path) -> list[np.ndarray
         rest_match = all(a == s for i, (a, s) in enumerate(zip(array.shape, shape)) if i != axis)
         if rest_match and array.shape[axis] % batch == 0:
             return [np.take(array, range(i, i + batch), axis=axis) for i in range(0, array.shape[axis], batch)]
+        if rest_match:  # concatenated on the batch axis, but not whole batches of the model's size
+            raise BadInputError(f"{source}: array for input '{spec.name}' holds {array.shape[axis]} rows on batch axis "
+                                f"{axis}, not a multiple of the model's batch of {batch} "
+                                f"({format_shape(shape)}): give a multiple of {batch}, or a model with batch 1")
     if array.shape == shape:
         return Shared(array)
     along = f"or concatenated on batch axis {axis}" if axis is not None else "(the input has no batch axis)"
@@ -232,6 +236,9 @@ def _zip_inputs(per_input: dict[str, list[np.ndarray] | Shared], source: Path) -
             for i in range(count)]
 
 
+PIXEL_DTYPES = (np.dtype(np.uint8),)  # integer data a float input takes as it is: 8-bit pixels
+
+
 def _convert(source: str, index: int, spec: TensorSpec, value: np.ndarray) -> np.ndarray:
     """``value`` in the input's dtype; non-numeric, complex and non-finite values are refused, not coerced."""
     where = f"{source}: sample {index} input '{spec.name}'"
@@ -244,10 +251,16 @@ def _convert(source: str, index: int, spec: TensorSpec, value: np.ndarray) -> np
     target = np.dtype(spec.dtype)
     if target.kind in "iu" and value.dtype.kind == "f" and not np.array_equal(value, np.round(value)):
         raise BadInputError(f"{where} has fractional values; the model expects integers ({spec.dtype})")
+    if target.kind == "f" and value.dtype.kind in "iu" and value.dtype not in PIXEL_DTYPES:
+        raise BadInputError(f"{where} has integer dtype {value.dtype}; the model expects {spec.dtype}: save the "
+                            f"values the model sees, after your preprocessing (16-bit PCM audio, for one, is "
+                            f"usually divided by 32768); uint8 pixels are taken as they are")
     return value.astype(target, copy=False)
 
 
 def _from_npz(path: Path, inputs: list[TensorSpec]):
+    if not zipfile.is_zipfile(path):
+        raise BadInputError(f"{path}: not an .npz archive (a zip of .npy arrays, as numpy.savez writes)")
     try:
         archive = dict(np.load(path, allow_pickle=False))
     except Exception as exc:

@@ -121,3 +121,31 @@ def test_sample_shapes_read_the_arrays_headers_as_the_loader_splits_them(tmp_pat
     assert sample_shapes(f"{tmp_path / 'hook.py'}:samples", specs) == sample_shapes(tmp_path, specs) == {}
     (tmp_path / "broken.npz").write_bytes(b"not a zip")
     assert sample_shapes(tmp_path / "broken.npz", specs) == {}
+
+
+def test_integer_data_for_a_float_input_is_refused_but_pixels(tmp_path):
+    """16-bit PCM saved as it was recorded, for a model that takes floats in [-1, 1], calibrates silently on
+    values 30000x too large (a new user's CREPE and DNSMOS runs, exit 0): refused, naming the dtype; uint8 pixels
+    are taken as they are, and a file that is no .npz archive says so."""
+    spec = [TensorSpec("input", (1, 16), "float32")]
+    pcm = tmp_path / "pcm.npz"
+    np.savez(pcm, input=np.random.default_rng(0).integers(-32768, 32767, (4, 1, 16), dtype=np.int16))
+    with pytest.raises(BadInputError, match="integer dtype int16; the model expects float32.*divided by 32768"):
+        load_samples(pcm, spec)
+    pixels = tmp_path / "pixels.npz"
+    np.savez(pixels, input=np.full((4, 1, 16), 200, np.uint8))
+    loaded = load_samples(pixels, spec)
+    assert loaded.samples[0]["input"].dtype == np.float32 and loaded.samples[0]["input"].max() == 200
+    text = tmp_path / "notes.npz"
+    text.write_text("not an archive")
+    with pytest.raises(BadInputError, match="not an .npz archive"):
+        load_samples(text, spec)
+
+
+def test_rows_that_do_not_fill_whole_batches_are_named(tmp_path):
+    """A batch-8 model given 300 frames concatenated on axis 0: the error says 300 is no multiple of 8, not that
+    the frames should be concatenated on axis 0 (they are)."""
+    frames = tmp_path / "frames.npz"
+    np.savez(frames, input=np.zeros((300, 1024), np.float32))
+    with pytest.raises(BadInputError, match="holds 300 rows on batch axis 0, not a multiple of the model's batch of 8"):
+        load_samples(frames, [TensorSpec("input", (8, 1024), "float32", 0)])

@@ -112,7 +112,7 @@ def test_batch_axis_rules_and_overrides(vad_onnx):
 def test_samples_stacked_concatenated_shared_or_given_without_batch_axis(tmp_path):
     specs = [TensorSpec("input", (1, 4), "float32"), TensorSpec("state", (2, 1, 3), "float32", 1),
              TensorSpec("sr", (), "int64", None)]
-    np.savez(tmp_path / "a.npz", input=np.zeros((5, 4)), state=np.arange(2 * 5 * 3).reshape(2, 5, 3), sr=np.int64(8000))
+    np.savez(tmp_path / "a.npz", input=np.zeros((5, 4)), state=np.arange(2 * 5 * 3.0).reshape(2, 5, 3), sr=np.int64(8000))
     samples = load_samples(tmp_path / "a.npz", specs)
     assert len(samples) == 5
     assert samples.samples[2]["state"].shape == (2, 1, 3) and samples.samples[2]["state"][1, 0, 0] == 2 * 5 * 3 // 2 + 6
