@@ -128,6 +128,7 @@ def test_quality_gate_failure_exits_3_and_keeps_the_report(cli, tmp_path, tiny_o
     assert result.exit_code == 3
     assert "quality gate failed" in result.output
     assert "--repair tries cheaper fixes" in result.output  # the IR's INT8 missed it: the ladder may pass it
+    assert "--weights int8_asym stores int8 weights and computes in float" in result.output  # or float compute
     assert json.loads((out / "report.json").read_text())["quality"]["passed"] is False
     # without --eval nothing gates, but the artifacts are still compared on calibration samples, and one
     # below the gate's cosine is said: a figure in the report and a warning, exit 0

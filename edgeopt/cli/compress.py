@@ -101,8 +101,11 @@ def compress(model, calibration, out, formats, precision, recipe, eval_data, max
     emit(result.describe(), lambda: print_compress_result(result), json_out, quiet)
     if not result.quality_passed:
         failing = {name: msg for name, (ok, msg) in result.gate_results.items() if not ok}
+        int8_ir = "openvino" in failing and "int8" in result.recipe.names
         hint = ("; --repair tries cheaper fixes, then keeps the most sensitive operations float (OpenVINO IR)"
-                if "openvino" in failing and "int8" in result.recipe.names and eval_data and not repair else "")
+                if int8_ir and eval_data and not repair else "")
+        if int8_ir:
+            hint += "; --weights int8_asym stores int8 weights and computes in float (about 4x smaller, near-lossless)"
         rescue = (result.decisions.get("onnx_int8") or {}).get("rescue") if "onnx" in failing else None
         if rescue:
             hint += (f"; for the ONNX file, {rescue['backend']} (int8 weights, float compute) reached cosine "

@@ -3,6 +3,7 @@ stderr, and JSON for machines (``emit``)."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+PIPE_WIDTH = 160  # columns of the tables written to a pipe or a log
 _STYLE = {"chosen": "bold green", "closest": "bold yellow", "pass": "green", "fail": "red", "skipped": "dim"}
 
 
@@ -29,7 +31,10 @@ def emit(data: dict, show: str | Callable[[], None], json_out: str | None, quiet
 
 
 def console() -> Console:
-    return Console(stderr=False, highlight=False, soft_wrap=True)
+    """Tables for people: the terminal's width, or ``PIPE_WIDTH`` when stdout is a pipe or a log (``COLUMNS``
+    sets it), where rich would cut names and wrap budget rows at its default of 80."""
+    piped = not sys.stdout.isatty() and "COLUMNS" not in os.environ
+    return Console(stderr=False, highlight=False, soft_wrap=True, width=PIPE_WIDTH if piped else None)
 
 
 def format_bytes(count: int) -> str:
