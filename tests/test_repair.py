@@ -245,8 +245,13 @@ def test_repair_keeps_the_transformers_smooth_quant_choice_on_later_rungs(cli, t
     result = cli("compress", model, "--calib", tmp_path / "calib.npz", "--eval", tmp_path / "eval.npz", "--repair",
                  "--min-cosine", "0.99999", "--format", "openvino", "--out", tmp_path / "out", "--quiet")
     assert result.exit_code in (0, 3), result.output
-    rungs = json.loads((tmp_path / "out" / "report.json").read_text())["decisions"]["int8_repair"]["rungs"]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    repair = report["decisions"]["int8_repair"]
+    rungs = repair["rungs"]
     assert [r["rung"] for r in rungs][:3] == ["int8", "smooth_quant", "bias_correction"]
+    if result.exit_code == 3:  # the closest model is kept: a reverted one when it came closer than every rung
+        kept = next(n for n in report["notes"] if n.startswith("int8_repair: no rung passed"))
+        assert bool(repair["float_ops"]) == ("keeping the closest model, float_" in kept), (kept, repair["float_ops"])
     chosen = rungs[0]["params"]["smooth_quant_alpha"]
     assert chosen in (0.95, -1.0)  # NNCF's alpha, or off
     assert rungs[1]["params"]["smooth_quant_alpha"] == 0.5

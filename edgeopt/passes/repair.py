@@ -156,14 +156,18 @@ def int8_repair(model: WorkingModel, ctx: PassContext, config: Int8RepairConfig)
     def operations(k: int) -> list[str]:
         return list(dict.fromkeys(op for group in ranked[:k] for op in group.operations))
 
+    closest = {}  # the failing reverted model closest to passing: score, k, model, rung, verdict
+
     def reverted(rung: str, k: int) -> tuple[Verdict, object]:
         """The INT8 model with the k most sensitive operations reverted to float (no new calibration)."""
         began = time.perf_counter()
         candidate = reverter.keep_in_float([op.name for op in ranked[:k]])
         verdict = judge(candidate, rung)
+        score = judge.score(verdict)
         repair.rungs.append(Rung(f"{rung} k={k} (reverted)", {**params, "ignored_scope": operations(k)},
-                                 verdict.passed, verdict.check, judge.score(verdict),
-                                 round(time.perf_counter() - began, 3)))
+                                 verdict.passed, verdict.check, score, round(time.perf_counter() - began, 3)))
+        if not closest or _closer(judge, score, closest["score"]):
+            closest.update(score=score, k=k, model=candidate, rung=rung, verdict=verdict)
         return verdict, candidate
 
     cap = max((k for k in range(len(ranked) + 1) if len(operations(k)) <= config.max_float_share * total), default=0)
@@ -200,8 +204,19 @@ def int8_repair(model: WorkingModel, ctx: PassContext, config: Int8RepairConfig)
     islands = ("" if not config.islands else "; no float islands: the device does not run float in FP16/BF16"
                if island_precision is None else f", nor all {len(ranked)} in {island_precision} (quantizers the "
                f"ranking has no group for, such as those of element-wise and reduction ops, stay)")
-    repair.float_reason = (f"none: no k up to {cap} of the {len(ranked)} ranked groups (max_float_share "
-                           f"{config.max_float_share:.0%}) passed the gate{islands}; the closest model is kept")
+    none = (f"none: no k up to {cap} of the {len(ranked)} ranked groups (max_float_share "
+            f"{config.max_float_share:.0%}) passed the gate{islands}")
+    if closest and _closer(judge, closest["score"], judge.score(best[0])):  # a reverted model came closer
+        k = closest["k"]
+        repair.float_ops = [{**_float_op(op), "rank": i + 1} for i, op in enumerate(ranked[:k])]
+        repair.float_share = len(operations(k)) / total
+        repair.island_precision = island_precision if closest["rung"] == "float_islands" else None
+        repair.float_reason = (f"{none}; the closest, rung {closest['rung']} k={k} ({len(operations(k))} of {total} "
+                               f"quantized operations reverted to float in rung {best[2]}'s model), is kept")
+        model.notes.append("int8_repair: no rung passed the quality gate; keeping the closest model, "
+                           f"{closest['rung']} k={k} ({closest['verdict'].check})")
+        return _finish(model, repair, None, None, closest["model"], best[1].note, start)
+    repair.float_reason = f"{none}; the closest model, rung {best[2]}'s, is kept"
     model.notes.append("int8_repair: no rung passed the quality gate; keeping the closest model "
                        f"({best[0].check})")
     _finish(model, repair, None, params, best[1].model, best[1].note, start)
