@@ -88,7 +88,7 @@ def test_a_conv_backbone_with_attention_gets_the_hybrid_candidate(recogniser):
     assert detect_model_type(onnx_model=prepared).is_transformer  # MatMul-Softmax-MatMul: a transformer ...
     assert conv_weight_share(prepared) >= HYBRID_CONV_SHARE  # ... whose Conv weights are a substantial share
     assert default_backends(prepared, transformer=True) == TRANSFORMER_BACKENDS + (HYBRID_BACKEND,)
-    assert default_backends(prepared, transformer=False) == BACKENDS + ("weights-only",)
+    assert default_backends(prepared, transformer=False) == BACKENDS
 
 
 def test_a_transformer_with_a_patch_embedding_conv_does_not():

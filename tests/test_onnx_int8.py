@@ -159,7 +159,7 @@ def test_opset11_constant_weights_int8_onnx_shrinks_per_channel(opset11_const, t
     decision = report["decisions"]["onnx_int8"]
     assert decision["backend"] in ("nncf", "ort", "ort-conv")
     assert "opset 11 -> 13 (onnx.version_converter)" in decision["normalisation"]
-    assert {c["backend"] for c in decision["candidates"]} == {"nncf", "ort", "ort-conv", "weights-only"}
+    assert {c["backend"] for c in decision["candidates"]} == {"nncf", "ort", "ort-conv"}
     assert decision["rule_pick"] in ("nncf", "ort", "ort-conv") and decision["reason"]  # why, in words
     assert "the first 16 evaluation samples" in decision["measured_with"]  # held out, not the calibration set
     assert all(c["p50_ratio"] > 0 and len(c["p50_ratio_interval"]) == 2 for c in decision["candidates"])
@@ -466,7 +466,7 @@ def test_every_candidate_is_built_and_the_compute_only_one_keeps_element_wise_op
     result = quantize_onnx(model, SampleSet(samples, None, "test"), subset_size=16,
                            nncf_options={"preset": nncf.QuantizationPreset.PERFORMANCE}, settings=device)
     assert result.describe()["measured_with"].startswith("onnxruntime CPU, 1 thread, spinning off")  # as it ran
-    built = {b.backend: b for b in result.candidates if b.backend != "weights-only"}  # int8 compute: fused
+    built = {b.backend: b for b in result.candidates}
     assert set(built) == {"nncf", "ort", "ort-conv"} and not any(b.error for b in built.values())
     for b in built.values():
         assert b.unfused == _float_conv_share(b.model, tmp_path) == 0.0, b.backend

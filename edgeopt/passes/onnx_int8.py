@@ -99,8 +99,6 @@ ORDER = BACKENDS + TRANSFORMER_BACKENDS[1:] + (HYBRID_BACKEND,)  # the rule's la
 CONV_OPS = ("Conv", "ConvTranspose")  # what "ort-hybrid" quantizes statically (and their Relu/Clip)
 MIXED_RANGE = 16.0  # an output Concat whose inputs' ranges differ this much stays float (4+ bits of the smaller lost)
 RACE_MAX_ROUNDS, RACE_MAX_S = 16, 15.0  # the speed race stays cheap: it runs on every compress
-WEIGHTS_ONLY_MAX_SIZE = 0.5  # WEIGHTS_ONLY contends beside others only when it stores this share of FP32's bytes
-# or less: where no weight is worth storing int8 (a 16-byte conv) it is the FP32 graph again
 
 
 @dataclass
@@ -267,7 +265,6 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
         if fell_back:  # weights-only could not be built or run: int8 compute after all
             built += [build(name) for name in BACKENDS]
             sessions.update(_open(built[1:], judged, reference, Path(tmp), settings, dynamic))
-        _unless_it_shrinks(built, (Path(tmp) / "fp32.onnx").stat().st_size)
         usable = [b for b in built if b.model is not None and b.error is None]
         if not usable:
             raise BadInputError("int8: no INT8 backend can quantize this ONNX model: "
@@ -303,18 +300,6 @@ def _with_cells(b: Built, mode: str) -> Built:
         except Exception as exc:  # noqa: BLE001 - that candidate is out, as a quantizer's failure puts it
             b.model, b.error = None, f"{type(exc).__name__}: {first_line(exc)}"[:300]
     return b
-
-
-def _unless_it_shrinks(built: list[Built], fp32_bytes: int) -> None:
-    """Put ``WEIGHTS_ONLY`` out of a race beside others where it stores more than ``WEIGHTS_ONLY_MAX_SIZE`` of
-    FP32's bytes: no weight was worth storing int8, so it is the FP32 graph again (it would win any race against
-    int8 compute that loses, as an "int8" file with nothing int8 in it)."""
-    if len(built) < 2:
-        return
-    for b in built:
-        if b.backend == WEIGHTS_ONLY and b.error is None and b.bytes > WEIGHTS_ONLY_MAX_SIZE * fp32_bytes:
-            b.error = (f"not a contender: it stores {b.bytes / fp32_bytes:.0%} of FP32's bytes (at most "
-                       f"{WEIGHTS_ONLY_MAX_SIZE:.0%}): no weight worth storing int8")
 
 
 def _race(fp32_session, sessions: dict, usable: list[Built], cosine_floor: float | None, feeds: dict,
@@ -368,11 +353,9 @@ def mixed_range_outputs(model, samples: list[dict]) -> list[str]:
 
 def default_backends(model, transformer: bool, recurrent: bool = False,
                      arithmetic: Work | None = None) -> tuple[str, ...]:
-    """The candidates built when none are named: ``BACKENDS`` and ``WEIGHTS_ONLY`` for a CNN (int8 weights with
-    float compute wins only by decisive speed, where ONNX Runtime's int8 kernels cost more than they save: a
-    small classifier, a 20 µs test net), only ``WEIGHTS_ONLY`` for one whose
+    """The candidates built when none are named: ``BACKENDS`` for a CNN, only ``WEIGHTS_ONLY`` for one whose
     ``arithmetic`` says int8 compute cannot pay (:attr:`edgeopt.onnx_work.Work.float_compute`: a static rule, so
-    the same model always gets the same kind), ``RECURRENT_BACKENDS`` and ``WEIGHTS_ONLY`` for a model with
+    the same model always gets the same kind), ``RECURRENT_BACKENDS`` for a model with
     recurrent cells (not a transformer), plus ``HYBRID_BACKEND`` where its Gemm/MatMul weights are at least
     ``HYBRID_MATMUL_SHARE`` of them (:func:`matmul_weight_share`); ``TRANSFORMER_BACKENDS`` for a
     transformer, plus ``HYBRID_BACKEND`` where its Conv weights are at least ``HYBRID_CONV_SHARE`` of its weights
@@ -380,8 +363,8 @@ def default_backends(model, transformer: bool, recurrent: bool = False,
     if not transformer:
         if recurrent:
             hybrid = matmul_weight_share(model) >= HYBRID_MATMUL_SHARE
-            return RECURRENT_BACKENDS + ((HYBRID_BACKEND,) if hybrid else ()) + (WEIGHTS_ONLY,)
-        return (WEIGHTS_ONLY,) if arithmetic is not None and arithmetic.float_compute else BACKENDS + (WEIGHTS_ONLY,)
+            return RECURRENT_BACKENDS + ((HYBRID_BACKEND,) if hybrid else ())
+        return (WEIGHTS_ONLY,) if arithmetic is not None and arithmetic.float_compute else BACKENDS
     if conv_weight_share(model) >= HYBRID_CONV_SHARE:
         return TRANSFORMER_BACKENDS + (HYBRID_BACKEND,)
     return TRANSFORMER_BACKENDS
