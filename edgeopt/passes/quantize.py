@@ -87,9 +87,10 @@ def int8(model: WorkingModel, ctx: PassContext, config: Int8Config) -> None:
         model.graphs["onnx"] = picked.model
         model.decisions["onnx_int8"] = picked.describe()
         model.notes.append(f"onnx int8: {picked.backend} backend, {picked.reason} "
-                           f"({', '.join(_summary(c) for c in picked.candidates)}; x FP32 = of the normalised "
-                           f"FP32 graph they are built on, p50 {picked.fp32_p50_ms} ms; vs_fp32 compares with the "
-                           f"unnormalised one)")
+                           f"({', '.join(_summary(c) for c in picked.candidates)}; x FP32 = the median of the "
+                           f"per-round ratios to the normalised FP32 graph they are built on (p50 "
+                           f"{picked.fp32_p50_ms} ms), which a busy host can set apart from the ratio of the p50s; "
+                           f"vs_fp32 compares with the unnormalised one)")
 
 
 def _scope_in_openvino(ov_model, names: list[str], onnx_names: set[str]) -> list[str]:
