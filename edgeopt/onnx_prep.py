@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgeopt.vs_fp32 import SLOWER_TOLERANCE
+from edgeopt.paired_timing import SLOWER_TOLERANCE, THREADS, paired_ratios
 
 MIN_OPSET = 13  # first opset with per-axis QuantizeLinear/DequantizeLinear
 HARD_SWISH_OPSET = 14  # first opset with HardSwish
@@ -126,8 +126,8 @@ def simplify_element_wise(model) -> list[str]:
 
 def _fold_pads_where_they_pay(model, feeds: dict | None) -> list[str]:
     """:func:`fold_pads` (in place), undone where ONNX Runtime runs the folded graph slower on ``feeds`` (paired
-    rounds, ``edgeopt.vs_fp32``; without ``feeds`` the fold stays): EfficientNet-B0's stride-2 Pads cost ~9% of its
-    p50 unfolded, but CREPE's "same" Pads (31/32 rows before 64x1 Convs) folded ran the whole model 3.7x slower
+    rounds, ``edgeopt.paired_timing``; without ``feeds`` the fold stays): EfficientNet-B0's stride-2 Pads cost ~9%
+    of its p50 unfolded, but CREPE's "same" Pads (31/32 rows before 64x1 Convs) folded ran the whole model 3.7x slower
     (its float Convs leave ONNX Runtime's fast path once they pad). What was done, for the report."""
     import onnx
 
@@ -149,8 +149,6 @@ def _fold_pads_where_they_pay(model, feeds: dict | None) -> list[str]:
 def _p50_ratio(model, reference, feeds: dict) -> float | None:
     """``model``'s p50 over ``reference``'s in ONNX Runtime (``THREADS`` threads, paired rounds), or None where
     either does not run on ``feeds``."""
-    from edgeopt.vs_fp32 import THREADS, paired_ratios
-
     runs = []
     try:
         for graph in (reference, model):

@@ -333,8 +333,8 @@ case("calib-two-unnamed-arrays", mention="no array named")(
     lambda ctx: compress(ctx, calib=npz(ctx, "c.npz", a=GOOD, b=GOOD)))
 case("calib-object-array", mention="not a readable .npz")(
     lambda ctx: compress(ctx, calib=_pickled(ctx)))
-case("calib-not-a-zip", mention="not a readable .npz")(lambda ctx: compress(ctx, calib=write(ctx, "c.npz", "hello")))
-case("calib-empty-file", mention="not a readable .npz")(lambda ctx: compress(ctx, calib=write(ctx, "c.npz", b"")))
+case("calib-not-a-zip", mention="not an .npz archive")(lambda ctx: compress(ctx, calib=write(ctx, "c.npz", "hello")))
+case("calib-empty-file", mention="not an .npz archive")(lambda ctx: compress(ctx, calib=write(ctx, "c.npz", b"")))
 case("calib-npy-garbage", mention="not a readable .npy")(
     lambda ctx: compress(ctx, calib=write(ctx, "c.npy", b"\x93NUMPY")))
 case("calib-unknown-format", mention="unknown data format")(lambda ctx: compress(ctx, calib=write(ctx, "c.csv", "1,2")))

@@ -72,10 +72,11 @@ from edgeopt.model_type import ffn_down_projections
 from edgeopt.onnx_prep import as_shipped, normalise, probe_tensors, tensor_readers, weight_output_axis
 from edgeopt.onnx_work import (COMPUTE_OPS, FLOAT_COMPUTE_ACTIVATIONS, FLOAT_COMPUTE_INTENSITY, FOLDED_ACTIVATIONS,
                                Work, work_of)
+from edgeopt.paired_timing import BLOCK_S, COVERAGE, Rounds, interleaved_rounds, median_interval
 from edgeopt.passes.onnx_weights_only import symmetric_int8, weights_only
 from edgeopt.recurrent import ONNX_CELLS, ONNX_WEIGHT_AXIS, ONNX_WEIGHT_INPUTS, has_onnx_cells
 from edgeopt.recurrent import TOLERANCE as RECURRENT_TOLERANCE
-from edgeopt.vs_fp32 import BLOCK_S, COVERAGE, Rounds, interleaved_rounds, median_interval, settings_for
+from edgeopt.vs_fp32 import settings_for
 
 FIDELITY_TOLERANCE = 0.01  # a candidate this close to the best cosine contends: a measured speed gain wins
 MAX_UNFUSED = 0.1  # a graph with more than 10% of its quantized Conv/Gemm/MatMul unfusable runs them in float
