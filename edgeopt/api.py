@@ -55,7 +55,7 @@ def optimize(model: str | Path, calibration: str | Path, eval_data: str | Path, 
              executor=None, pareto=None):
     """Search the plan for the best artifact ``target`` accepts; write it (when one passes) with report.json,
     report.md, report.html and the figures into ``out`` atomically. Returns the ``OptimizeResult``; its
-    ``verdict`` says found / budgets / quality. ``pool``: an ``edgeopt.remote.pool.DevicePool`` that measures the
+    ``verdict`` says found / budgets / unbuilt / quality. ``pool``: an ``edgeopt.remote.pool.DevicePool`` that measures the
     candidates on devices; ``warn`` hears the cache's warnings; ``executor`` (``edgeopt.optimization.executor``) runs
     the builds and host measurements (default: here, in order). ``pareto``
     (``edgeopt.optimization.pareto.ParetoSearch``): a multi-objective Optuna search instead of the plan."""

@@ -236,7 +236,7 @@ def _zip_inputs(per_input: dict[str, list[np.ndarray] | Shared], source: Path) -
             for i in range(count)]
 
 
-PIXEL_DTYPES = (np.dtype(np.uint8),)  # integer data a float input takes as it is: 8-bit pixels
+PIXEL_MAX = 255  # integer data for a float input (not a scalar) is refused above this: not pixels, raw samples
 
 
 def _convert(source: str, index: int, spec: TensorSpec, value: np.ndarray) -> np.ndarray:
@@ -251,10 +251,11 @@ def _convert(source: str, index: int, spec: TensorSpec, value: np.ndarray) -> np
     target = np.dtype(spec.dtype)
     if target.kind in "iu" and value.dtype.kind == "f" and not np.array_equal(value, np.round(value)):
         raise BadInputError(f"{where} has fractional values; the model expects integers ({spec.dtype})")
-    if target.kind == "f" and value.dtype.kind in "iu" and value.dtype not in PIXEL_DTYPES:
-        raise BadInputError(f"{where} has integer dtype {value.dtype}; the model expects {spec.dtype}: save the "
-                            f"values the model sees, after your preprocessing (16-bit PCM audio, for one, is "
-                            f"usually divided by 32768); uint8 pixels are taken as they are")
+    if (target.kind == "f" and value.dtype.kind in "iu" and spec.shape and value.size
+            and int(np.abs(value).max()) > PIXEL_MAX):
+        raise BadInputError(f"{where} has integer dtype {value.dtype} with values up to {int(np.abs(value).max())}; "
+                            f"the model expects {spec.dtype}: save the values the model sees, after your "
+                            f"preprocessing (16-bit PCM audio, for one, is usually divided by 32768)")
     return value.astype(target, copy=False)
 
 

@@ -273,18 +273,22 @@ def sample_cosines(outputs: np.ndarray, reference: np.ndarray) -> np.ndarray:
     return np.where(norms > 0, np.sum(a * b, axis=1) / np.maximum(norms, 1e-300), np.where(both_zero, 1.0, 0.0))
 
 
+CENTRED_MIN_SPREAD = 1e-3  # of the reference's RMS: below it, one value per sample is compared uncentred
+CENTRED_MIN_SAMPLES = 4
+
+
 def centred_cosine(values: np.ndarray, reference: np.ndarray) -> float:
     """Cosine of ``values`` and ``reference`` (one number per sample) around the reference's mean: how well they
     follow the reference's variation, an offset counting against them. Uncentred, scores that cluster away from
     zero read near 1 whatever they do: DNSMOS's P.808 head (MOS 2.1-3.1), quantized, read 0.998 with MOS errors
-    up to 0.52 and a correlation of 0.90. A reference that does not vary is compared uncentred."""
+    up to 0.52 and a correlation of 0.90. A reference that hardly varies (its spread below ``CENTRED_MIN_SPREAD``
+    of its RMS: a saturated sigmoid's 1.0 and 0.99999994), or fewer than ``CENTRED_MIN_SAMPLES`` samples, is
+    compared uncentred: centring would compare rounding noise with rounding noise."""
+    rms = float(np.sqrt(np.mean(reference ** 2)))
+    if len(reference) < CENTRED_MIN_SAMPLES or reference.std() <= CENTRED_MIN_SPREAD * rms:
+        return float(sample_cosines(values[None], reference[None])[0])
     mean = reference.mean()
-    spread = reference - mean
-    if not np.any(np.abs(spread) > 1e-12 * max(abs(mean), 1.0)):
-        spread, values = reference, values + 0.0
-    else:
-        values = values - mean
-    return float(sample_cosines(values[None], spread[None])[0])
+    return float(sample_cosines((values - mean)[None], (reference - mean)[None])[0])
 
 
 def compare_outputs(outputs: np.ndarray, reference: np.ndarray, output: str | None = None,

@@ -35,17 +35,18 @@ def median_interval(values, coverage: float = COVERAGE) -> tuple[float, float]:
 
 
 def paired_ratios(reference, candidate, *, threshold: float = 1 + SLOWER_TOLERANCE, min_rounds: int = MIN_ROUNDS,
-                  max_rounds: int = MAX_ROUNDS, block_s: float = BLOCK_S) -> tuple[float, float, list[float]]:
+                  max_rounds: int = MAX_ROUNDS, block_s: float = BLOCK_S,
+                  max_s: float | None = None) -> tuple[float, float, list[float]]:
     """Time two bound runs (``() -> None``) in paired rounds until the interval on the median of the per-round
-    ratios (candidate over reference) clears ``threshold`` or ``max_rounds`` is reached: (reference p50 ms,
-    candidate p50 ms, ratios)."""
+    ratios (candidate over reference) clears ``threshold``, ``max_rounds`` is reached or ``max_s`` seconds have
+    passed: (reference p50 ms, candidate p50 ms, ratios)."""
 
     def decided(ratios: list[list[float]]) -> bool:
         low, high = median_interval(ratios[1])
         return low > threshold or high <= threshold
 
     timed = interleaved_rounds([reference, candidate], decided, min_rounds=min_rounds, max_rounds=max_rounds,
-                               block_s=block_s)
+                               block_s=block_s, max_s=max_s)
     return timed.p50_ms[0], timed.p50_ms[1], timed.ratios(1, 0)
 
 

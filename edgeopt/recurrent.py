@@ -70,11 +70,11 @@ def choose_scope(ov_model, samples: list[dict], float_ops: list[str], quantize) 
     kept = quantize_closest(ov_model, samples[:SAMPLES], scopes, quantize, tolerance=TOLERANCE, read_back=True)
     figures = f"worst-output cosine of the IR read back on {kept.samples} calibration samples: {kept.figures}"
     halved = cell_weights_fp16(kept.model)  # float cell weights either way: NNCF's scope leaves a GRU's FP32 too
-    stored = f"the cells' {halved} float weight tensor(s) stored FP16"
+    stored = f", the cells' {halved} float weight tensor(s) stored FP16" if halved else ""
     if kept.choice:
-        return kept.model, float_ops, (f"recurrent cells and {len(float_ops)} non-compute op(s) kept float, "
+        return kept.model, float_ops, (f"recurrent cells and {len(float_ops)} non-compute op(s) kept float"
                                        f"{stored} ({figures})")
-    return kept.model, [], f"recurrent cells quantized as NNCF does, {stored} ({figures})"
+    return kept.model, [], f"recurrent cells quantized as NNCF does{stored} ({figures})"
 
 
 def cell_weights_fp16(ov_model) -> int:

@@ -33,7 +33,7 @@ def settings_for(runtime: str, target=None) -> RuntimeSettings:
     CPUs) and ONNX Runtime's spinning, so that INT8 and FP32 are compared the way the device runs them."""
     threads, spinning = THREADS, None
     if target is not None and target.settings.runtime == runtime:
-        threads = min(target.settings.threads or THREADS, os.cpu_count() or THREADS)
+        threads = min(target.settings.threads or THREADS, len(os.sched_getaffinity(0)))
         spinning = target.settings.spinning
     if runtime == "openvino":
         return RuntimeSettings(threads=threads, inference_precision="f32")

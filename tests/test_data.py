@@ -125,13 +125,16 @@ def test_sample_shapes_read_the_arrays_headers_as_the_loader_splits_them(tmp_pat
 
 def test_integer_data_for_a_float_input_is_refused_but_pixels(tmp_path):
     """16-bit PCM saved as it was recorded, for a model that takes floats in [-1, 1], calibrates silently on
-    values 30000x too large (a new user's CREPE and DNSMOS runs, exit 0): refused, naming the dtype; uint8 pixels
-    are taken as they are, and a file that is no .npz archive says so."""
+    values 30000x too large (a new user's CREPE and DNSMOS runs, exit 0): refused, naming the dtype; integer
+    pixels (0-255) and scalars (a sample rate) are taken as they are, and a file that is no .npz archive says so."""
     spec = [TensorSpec("input", (1, 16), "float32")]
     pcm = tmp_path / "pcm.npz"
     np.savez(pcm, input=np.random.default_rng(0).integers(-32768, 32767, (4, 1, 16), dtype=np.int16))
-    with pytest.raises(BadInputError, match="integer dtype int16; the model expects float32.*divided by 32768"):
+    with pytest.raises(BadInputError, match="integer dtype int16 with values up to .*expects float32.*32768"):
         load_samples(pcm, spec)
+    rate = tmp_path / "rate.npz"
+    np.savez(rate, input=np.zeros((4, 1, 16), np.float32), sr=np.array(16000))
+    assert load_samples(rate, [*spec, TensorSpec("sr", (), "float32", None)]).samples[0]["sr"] == 16000.0
     pixels = tmp_path / "pixels.npz"
     np.savez(pixels, input=np.full((4, 1, 16), 200, np.uint8))
     loaded = load_samples(pixels, spec)

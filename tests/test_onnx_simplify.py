@@ -241,7 +241,7 @@ def test_zero_pads_stay_where_folding_them_slows_onnx_runtime(tmp_path):
     pads = [n.op_type for n in result.model.graph.node].count("Pad")
     kept = [s for s in result.steps if s.startswith("4 zero Pad(s) kept")]
     assert (pads, len(kept)) in ((4, 1), (0, 0)), result.steps
-    assert not kept or float(kept[0].rsplit("ran ", 1)[1].split("x")[0]) > 1.05
+    assert not kept or float(kept[0].rsplit("interval ", 1)[1].split("-")[0]) >= 1.05  # decisively slower
     assert kept or "4 zero Pad(s) folded into the Conv or pool after them" in result.steps
     np.testing.assert_allclose(_outputs(result.model, [feeds])[0], _outputs(original, [feeds])[0], rtol=1e-4,
                                atol=1e-4)

@@ -310,3 +310,4 @@ def test_no_candidate_built_is_bad_input_not_quality(tiny_calib, tmp_path):
     assert result.exit_code == 2, result.output
     assert "no candidate could be built" in result.stderr and "registers itself once per process" in result.stderr
     assert json.loads((tmp_path / "out" / "report.json").read_text())["verdict"] == "unbuilt"
+    assert "NO CANDIDATE COULD BE BUILT" in (tmp_path / "out" / "report.md").read_text()  # as the exit says

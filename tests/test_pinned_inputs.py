@@ -162,10 +162,14 @@ def test_one_value_per_sample_is_compared_across_samples():
     """A speech probability per chunk: per-sample cosine of one positive number is always 1, whatever the value."""
     from edgeopt.evaluate import compare_outputs
 
-    reference = np.array([[0.9], [0.8], [0.1]])
-    swapped = np.array([[0.1], [0.8], [0.9]])  # speech and silence swapped
+    reference = np.array([[0.9], [0.8], [0.1], [0.2]])
+    swapped = np.array([[0.1], [0.2], [0.9], [0.8]])  # speech and silence swapped
     fidelity = compare_outputs(swapped, reference)
-    assert fidelity.cosine == pytest.approx(-0.26 / 0.38) and fidelity.top1_agreement is None  # centred: anti
+    assert fidelity.cosine == pytest.approx(-1.0) and fidelity.top1_agreement is None  # centred: anti-correlated
+    three = float(swapped[:3, 0] @ reference[:3, 0] / np.linalg.norm(swapped[:3]) / np.linalg.norm(reference[:3]))
+    assert compare_outputs(swapped[:3], reference[:3]).cosine == pytest.approx(three)  # 3 samples: uncentred
+    saturated = np.array([[1.0], [0.99999994], [1.0], [1.0], [0.99999994], [1.0]])  # a confident sigmoid
+    assert compare_outputs(saturated + 5e-4, saturated).cosine > 0.9999  # rounding noise is not centred on
     assert compare_outputs(reference.copy(), reference).cosine == pytest.approx(1.0)
 
 

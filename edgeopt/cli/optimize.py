@@ -57,7 +57,8 @@ def optimize(model, target, calibration, eval_data, out, max_drop, min_cosine, m
     budget of the profile and the quality gate.
 
     Exit 0 when one is found, 3 when nothing keeps quality, 4 when nothing meets the budgets, 2 on bad input
-    (also when no candidate could be built), 5 when the devices give no figures (or --require-device and only emulated ones).
+    (also when no candidate could be built), 5 when the devices give no figures (or --require-device and only
+    emulated ones).
     """
     from edgeopt.api import optimize as run_optimize
     from edgeopt.cli.streams import library_output
@@ -102,8 +103,10 @@ def optimize(model, target, calibration, eval_data, out, max_drop, min_cosine, m
         raise BudgetError(f"no candidate meets every budget of {profile.name}; closest: {closest.label} "
                           f"({closest.recipe}) fails {tables.failing_text(closest.describe())}; {where}")
     if result.verdict == "unbuilt":
-        raise BadInputError(f"no candidate could be built: {' | '.join(result.build_failures)} (a PyTorch factory is "
-                            f"called once per candidate); {where}")
+        from edgeopt.user_code import is_function_spec
+
+        factory = " (a PyTorch factory is called once per candidate)" if is_function_spec(str(model)) else ""
+        raise BadInputError(f"no candidate could be built: {' | '.join(result.build_failures)}{factory}; {where}")
     if result.verdict == "quality":
         failed = "; ".join(f"{c.label}: {c.gate_check}" for c in result.candidates if c.gate_passed is False)
         raise QualityGateError(f"no candidate passes the quality gate ({failed or 'none was built'}); {where}")

@@ -977,7 +977,7 @@ def worst_output_cosine(outputs: list[list[np.ndarray]], reference: list[list[np
         got = [np.asarray(o[index], dtype=np.float64) for o in outputs]
         want = [np.asarray(r[index], dtype=np.float64) for r in reference]
         if len({a.size for a in got + want}) == 1:
-            cosine = compare_outputs(np.stack(got), np.stack(want)).cosine
+            cosine = compare_outputs(np.stack([a.ravel() for a in got]), np.stack([b.ravel() for b in want])).cosine
         else:
             cosine = float(np.mean([sample_cosines(a.reshape(1, -1), b.reshape(1, -1))[0]
                                     for a, b in zip(got, want)]))

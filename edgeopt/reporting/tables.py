@@ -32,6 +32,10 @@ def verdict(report: dict) -> str:
         closest = _by_label(report, report["closest"])
         return (f"NO CANDIDATE MEETS EVERY BUDGET of {target}; closest: {closest['label']} ({closest['recipe']}), "
                 f"failing {failing_text(closest)}")
+    if report["verdict"] == "unbuilt":
+        reasons = sorted({c["skipped"] for c in report["candidates"]
+                          if (c["skipped"] or "").startswith("build failed")})
+        return f"NO CANDIDATE COULD BE BUILT for {target}: " + " | ".join(reasons)
     return f"NO CANDIDATE PASSES THE QUALITY GATE for {target}"
 
 
