@@ -85,11 +85,15 @@ def normalise(model, *, optimise: bool = True, feeds: dict | None = None, simpli
         result.steps.append(f"{pools} AveragePool(s) covering their whole input read as GlobalAveragePool")
     if optimise:
         optimised, fused, error = _ort_basic_optimise(model, dynamic)
-        if error and model is not original:  # ONNX Runtime cannot load the upgraded graph: keep the old opset
-            result.steps = [s for s in result.steps if not s.startswith("opset")]
-            result.steps.append(f"opset {opset} kept (ONNX Runtime cannot load the upgraded graph: {error})")
-            model = original
+    else:
+        error = _load_error(model) if model is not original else ""
+    if error and model is not original:  # ONNX Runtime cannot load the upgraded graph: keep the old opset
+        result.steps = [s for s in result.steps if not s.startswith("opset")]
+        result.steps.append(f"opset {opset} kept (ONNX Runtime cannot load the upgraded graph: {error})")
+        model = original
+        if optimise:
             optimised, fused, error = _ort_basic_optimise(model, dynamic)
+    if optimise:
         model = optimised
         if fused:
             result.steps.append(fused)
@@ -169,6 +173,15 @@ def _p50_ratios(model, reference, feeds: dict) -> list[float] | None:
     return paired_ratios(*runs, max_s=PAD_CHECK_S)[2]
 
 
+def _load_error(model) -> str:
+    """Why ONNX Runtime cannot load ``model`` ("" when it can)."""
+    try:
+        quiet_session(model)
+    except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own types from C++
+        return _line(exc)
+    return ""
+
+
 def _upgraded(model, opset: int):
     """``model`` converted to ``opset`` by ``onnx.version_converter``, or None when that or loading the result in
     ONNX Runtime fails."""
@@ -176,10 +189,9 @@ def _upgraded(model, opset: int):
 
     try:
         upgraded = version_converter.convert_version(model, opset)
-        quiet_session(upgraded)
     except Exception:
         return None
-    return upgraded
+    return None if _load_error(upgraded) else upgraded
 
 
 def _line(exc: BaseException) -> str:
