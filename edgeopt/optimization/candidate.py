@@ -9,6 +9,12 @@ from edgeopt.device.budgets import BudgetCheck
 from edgeopt.errors import BadInputError
 
 TIE_TOLERANCE = 0.03  # objective values within 3% count as a tie (measurement noise); ties go to the smaller file
+BUILD_FAILED = "build failed: "  # how a candidate's ``skipped`` starts when its build refused the inputs
+
+
+def build_failures(skipped) -> list[str]:
+    """Why candidates could not be built (their ``skipped`` texts), each reason once, in the order met."""
+    return list(dict.fromkeys(text[len(BUILD_FAILED):] for text in skipped if (text or "").startswith(BUILD_FAILED)))
 
 
 @dataclass

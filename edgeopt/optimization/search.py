@@ -20,7 +20,7 @@ from edgeopt.device.host import host_info
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.evaluate import Quality, QualityGate
 from edgeopt.optimization.cache import Cache, digest, files_digest
-from edgeopt.optimization.candidate import Candidate, choose, closest
+from edgeopt.optimization.candidate import BUILD_FAILED, Candidate, build_failures, choose, closest
 from edgeopt.optimization.executor import Executor, Inline
 from edgeopt.optimization.plan import DEFAULT_PLAN, PlannedCandidate, load_plan
 from edgeopt.device.formats import format_for_runtime
@@ -61,9 +61,7 @@ class OptimizeResult:
     @property
     def build_failures(self) -> list[str]:
         """Why candidates could not be built, each reason once, in the order met."""
-        prefix = "build failed: "
-        return list(dict.fromkeys(c.skipped[len(prefix):] for c in self.candidates
-                                  if (c.skipped or "").startswith(prefix)))
+        return build_failures(c.skipped for c in self.candidates)
 
     def describe(self) -> dict:
         return self.report().to_dict()
@@ -239,7 +237,7 @@ class Builder:
             except WriteError:
                 raise
             except BadInputError as exc:
-                candidate.skipped = f"build failed: {first_line(exc)}"
+                candidate.skipped = f"{BUILD_FAILED}{first_line(exc)}"
                 return
             self.cache.seal(key)
         report = CompressReport.from_dict(json.loads((entry / "report.json").read_text(encoding="utf-8")))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from edgeopt.device.budgets import BUDGET_FIELDS
-from edgeopt.optimization.candidate import TIE_TOLERANCE
+from edgeopt.optimization.candidate import TIE_TOLERANCE, build_failures
 
 CANDIDATE_HEADERS = ("stage", "candidate", "precision", "recipe", "size", "p50 ms", "p95 ms", "p99 ms", "CV",
                      "peak RSS", "quality vs original", "quality gate", "budgets", "cache")
@@ -33,8 +33,7 @@ def verdict(report: dict) -> str:
         return (f"NO CANDIDATE MEETS EVERY BUDGET of {target}; closest: {closest['label']} ({closest['recipe']}), "
                 f"failing {failing_text(closest)}")
     if report["verdict"] == "unbuilt":
-        reasons = sorted({c["skipped"] for c in report["candidates"]
-                          if (c["skipped"] or "").startswith("build failed")})
+        reasons = build_failures(c["skipped"] for c in report["candidates"])
         return f"NO CANDIDATE COULD BE BUILT for {target}: " + " | ".join(reasons)
     return f"NO CANDIDATE PASSES THE QUALITY GATE for {target}"
 
