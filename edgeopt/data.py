@@ -251,11 +251,11 @@ def _convert(source: str, index: int, spec: TensorSpec, value: np.ndarray) -> np
     target = np.dtype(spec.dtype)
     if target.kind in "iu" and value.dtype.kind == "f" and not np.array_equal(value, np.round(value)):
         raise BadInputError(f"{where} has fractional values; the model expects integers ({spec.dtype})")
-    if (target.kind == "f" and value.dtype.kind in "iu" and spec.shape and value.size
-            and int(np.abs(value).max()) > PIXEL_MAX):
-        raise BadInputError(f"{where} has integer dtype {value.dtype} with values up to {int(np.abs(value).max())}; "
-                            f"the model expects {spec.dtype}: save the values the model sees, after your "
-                            f"preprocessing (16-bit PCM audio, for one, is usually divided by 32768)")
+    peak = int(np.abs(value).max()) if target.kind == "f" and value.dtype.kind in "iu" and value.size else 0
+    if spec.shape and peak > PIXEL_MAX:
+        raise BadInputError(f"{where} has integer dtype {value.dtype} with values up to {peak}; the model expects "
+                            f"{spec.dtype}: save the values the model sees, after your preprocessing (16-bit PCM "
+                            f"audio, for one, is usually divided by 32768)")
     return value.astype(target, copy=False)
 
 

@@ -145,9 +145,9 @@ def _fold_pads_where_they_pay(model, feeds: dict | None) -> list[str]:
     if not folded:
         return []
     ratios = None if plain is None else _p50_ratios(model, plain, feeds)
-    if ratios is not None and median_interval(ratios)[0] > 1 + SLOWER_TOLERANCE:  # decisively: a tie stays folded
+    low, high = median_interval(ratios) if ratios else (0.0, 0.0)
+    if low > 1 + SLOWER_TOLERANCE:  # decisively slower: a tie stays folded
         model.CopyFrom(plain)
-        low, high = median_interval(ratios)
         return [f"{folded} zero Pad(s) kept: folded into the Conv or pool after them, the graph ran "
                 f"{float(np.median(ratios)):.3f}x its p50 in ONNX Runtime ({COVERAGE:.0%} interval {low:.3f}-"
                 f"{high:.3f}x)"]

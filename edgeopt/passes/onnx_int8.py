@@ -260,7 +260,10 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
                                   f"quantized (" + ", ".join(f"{CELL_LABELS[m]} {c:.4f}" for m, c in cosines.items())
                                   + f", on {judged_on})")
             for b in built:
-                _with_cells(b, mode)
+                try:
+                    b.model = None if b.model is None else quantize_recurrent(b.model, mode)
+                except Exception as exc:  # noqa: BLE001 - that candidate is out, as a quantizer's failure puts it
+                    b.model, b.error = None, f"{type(exc).__name__}: {first_line(exc)}"[:300]
         sessions = _open(built, judged, reference, Path(tmp), settings, dynamic)
         fell_back = arithmetic is not None and backends == (WEIGHTS_ONLY,) and built[0].error is not None
         if fell_back:  # weights-only could not be built or run: int8 compute after all
@@ -277,7 +280,13 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
             sessions.update(_open([rescue], judged, reference, Path(tmp), settings, dynamic))
             if rescue.model is not None and rescue.error is None:
                 usable.append(rescue)
-        rule, timed = _race(fp32_session, sessions, usable, cosine_floor, judged[0], pinned)
+        for b in usable:
+            b.unfused = unfused_share(b.model)
+        for b in contenders(usable, cosine_floor):
+            b.contender = pinned is None or b.backend in pinned  # a recipe's pin: only it may be chosen
+        rule = choose(usable, cosine_floor)
+        feeds = judged[0]
+        timed = race(fp32_session.bind(feeds), [sessions[b.backend].bind(feeds) for b in usable], usable, rule)
     chosen, reason = pick(usable, rule, cosine_floor)
     if arithmetic is not None and arithmetic.float_compute:
         why = (f"{math.floor(arithmetic.intensity * 10) / 10:g} MACs per activation element (below "
@@ -290,30 +299,6 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
                   f"instead: {reason}")
     return OnnxInt8(chosen.model, chosen.backend, prepared.steps, built, round(timed.p50_ms[0], 4), rule.backend,
                     reason, len(timed.medians), judged_on, cosine_floor, arithmetic, settings)
-
-
-def _with_cells(b: Built, mode: str) -> Built:
-    """``b`` with its recurrent cells quantized in ``mode`` (:func:`quantize_recurrent`); a failure puts the
-    candidate out, as a quantizer's does."""
-    if b.model is not None:
-        try:
-            b.model = quantize_recurrent(b.model, mode)
-        except Exception as exc:  # noqa: BLE001 - that candidate is out, as a quantizer's failure puts it
-            b.model, b.error = None, f"{type(exc).__name__}: {first_line(exc)}"[:300]
-    return b
-
-
-def _race(fp32_session, sessions: dict, usable: list[Built], cosine_floor: float | None, feeds: dict,
-          pinned: tuple[str, ...] | None = None) -> tuple[Built, Rounds]:
-    """Mark the contenders among ``usable`` (only the ``pinned`` backends, when a recipe names them), take the
-    rule's pick (:func:`choose`) and :func:`race` them all against FP32 on ``feeds``: (the rule's pick, the
-    rounds)."""
-    for b in usable:
-        b.unfused = unfused_share(b.model)
-    for b in contenders(usable, cosine_floor):
-        b.contender = pinned is None or b.backend in pinned
-    rule = choose(usable, cosine_floor)
-    return rule, race(fp32_session.bind(feeds), [sessions[b.backend].bind(feeds) for b in usable], usable, rule)
 
 
 def _arithmetic(model, sample: dict) -> Work | None:
