@@ -167,6 +167,8 @@ def _labels(source: str, labels) -> np.ndarray:
 
 def _check_sample(source: str, index: int, sample: dict[str, np.ndarray], inputs: list[TensorSpec]) -> dict:
     names = [spec.name for spec in inputs]
+    if len(names) == 1 and len(sample) == 1 and set(sample) <= set(_SINGLE_INPUT_KEYS):
+        sample = {names[0]: next(iter(sample.values()))}  # a hook's dict under a conventional single-input name
     if set(sample) != set(names):
         raise BadInputError(f"{source}: sample {index} has inputs {sorted(sample)}, the model expects {sorted(names)}")
     checked = {}

@@ -276,7 +276,8 @@ def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target
             if loaded.kind == "torch" and not loaded.declared_inputs:
                 result.notes.append("the artifacts run at the PyTorch example's input sizes only ("
                                     + ", ".join(f"{s.name} {list(s.shape)}" for s in loaded.inputs)
-                                    + "): a factory's example fixes every dimension; --input-shape sets others")
+                                    + "): a factory's example fixes every dimension; --input-shape sets others, and a "
+                                    "factory returning (module, example, dynamic_axes) keeps those dynamic")
             with timer("vs fp32"):
                 result.vs_fp32 = compare_with_fp32(artifacts, baseline.graphs.get("openvino"),
                                                    baseline.graphs.get("onnx"), calib.samples[0],

@@ -18,7 +18,13 @@ from typing import Any
 import numpy as np
 
 from edgeopt.batch_axes import check_batch_axis, model_batch_axis
-from edgeopt.device.runtime import TensorSpec, format_shape, onnx_recorded_shapes, openvino_recorded_shapes
+from edgeopt.device.runtime import (
+    TensorSpec,
+    format_shape,
+    one_input_alias,
+    onnx_recorded_shapes,
+    openvino_recorded_shapes,
+)
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.onnx_prep import describe_unsupported, quantized_ops
 from edgeopt.torch_inputs import torch_call
@@ -412,18 +418,48 @@ def _load_openvino(path: Path, input_shapes: dict, batch_axes: dict, data_shapes
     return SourceModel("openvino", path, inputs, output_names=outputs, declared_inputs=specs, sized_by_data=by_data)
 
 
+FACTORY_RETURNS = "(module, example_input) or (module, example_input, dynamic_axes)"
+AXES_EXAMPLE = "a dict like {'input_ids': {0: 'batch', 1: 'sequence'}}"
+
+
 def _load_torch_factory(path: Path, factory: str, input_shapes: dict) -> SourceModel:
     built = call(path, factory, load_function(path, factory, "model factory"))
-    if not (isinstance(built, tuple) and len(built) == 2):
-        raise BadInputError(f"{path}:{factory} must return (module, example_input)")
-    module, example = built
+    if not (isinstance(built, tuple) and len(built) in (2, 3)):
+        raise BadInputError(f"{path}:{factory} must return {FACTORY_RETURNS}")
+    module, example, axes = built if len(built) == 3 else (*built, None)
     import torch
 
     if not isinstance(module, (torch.nn.Module, torch.export.ExportedProgram)):
-        raise BadInputError(f"{path}:{factory} must return (module, example_input); its first item is a "
+        raise BadInputError(f"{path}:{factory} must return {FACTORY_RETURNS}; its first item is a "
                             f"{type(module).__name__}, not a torch.nn.Module")
-    return torch_source(path, module.eval() if isinstance(module, torch.nn.Module) else module, example,
-                        input_shapes)
+    if axes is not None and not isinstance(axes, dict):
+        raise BadInputError(f"{path}:{factory}: the third item (dynamic_axes) is a {type(axes).__name__}, not "
+                            f"{AXES_EXAMPLE}")
+    source = torch_source(path, module.eval() if isinstance(module, torch.nn.Module) else module, example,
+                          input_shapes)
+    if axes is not None:
+        source.declared_inputs = _declared_dynamic(f"{path}:{factory}", source.inputs, axes)
+    return source
+
+
+def _declared_dynamic(where: str, inputs: list[TensorSpec], axes) -> list[TensorSpec]:
+    """``inputs`` with the dimensions a factory declares dynamic unsized: ``axes`` as ``torch.onnx.export``'s
+    ``dynamic_axes`` takes them (``{"input_ids": {0: "batch", 1: "sequence"}}`` or ``{"input_ids": [0, 1]}``)."""
+    ranks = {spec.name: len(spec.shape) for spec in inputs}
+    unknown = [str(name) for name in axes if name not in ranks]
+    if unknown:
+        raise BadInputError(f"{where}: dynamic_axes names unknown input(s) {', '.join(unknown)}; the model's "
+                            f"inputs are {', '.join(ranks)}")
+    dims: dict[str, set[int]] = {}
+    for name, listed in axes.items():
+        if not isinstance(listed, (dict, list, tuple)) or not all(
+                isinstance(a, int) and not isinstance(a, bool) and -ranks[name] <= a < ranks[name] for a in listed):
+            raise BadInputError(f"{where}: dynamic_axes['{name}'] must list axes of a rank-{ranks[name]} input "
+                                f"(got {listed!r}; {AXES_EXAMPLE})")
+        dims[name] = {a % ranks[name] for a in listed}
+    return [TensorSpec(spec.name, tuple(None if axis in dims.get(spec.name, ()) else d
+                                        for axis, d in enumerate(spec.shape)), spec.dtype, spec.batch_axis)
+            for spec in inputs]
 
 
 def _load_torch_archive(path: Path, input_shapes: dict) -> SourceModel:
@@ -466,6 +502,7 @@ def torch_source(path: Path, module, example, input_shapes: dict, *, shapes_name
         names = list(input_shapes)  # positional: the shapes name the inputs
         example = tuple(torch.zeros(shape, dtype=t.dtype) for shape, t in zip(input_shapes.values(), example))
     elif input_shapes:
+        input_shapes = one_input_alias(names, input_shapes)
         _check_names(path, names, input_shapes, "--input-shape")
         example = tuple(torch.zeros(input_shapes[n], dtype=t.dtype) if n in input_shapes else t
                         for n, t in zip(names, example))
@@ -490,6 +527,7 @@ def _check_names(path: Path, names: list[str], given: dict, option: str) -> None
 
 def _with_batch_axes(path: Path, specs: list[TensorSpec], batch_axes: dict) -> list[TensorSpec]:
     """``specs`` with the batch axes given by the user (by input name) in place of the model's."""
+    batch_axes = one_input_alias([spec.name for spec in specs], batch_axes)
     _check_names(path, [spec.name for spec in specs], batch_axes, "--batch-axis")
     resolved = []
     for spec in specs:
@@ -520,6 +558,7 @@ def _resolve_shapes(path: Path, specs: list[TensorSpec], input_shapes: dict, rec
     its declared shape with its dynamic dimensions as the calibration data's samples have them
     (``data_shapes(specs)``: input name -> one sample's shape, ``edgeopt.data.sample_shapes``), else with a dynamic
     batch axis at 1. Also the dimensions sized by the data (``x[3] = 160``)."""
+    input_shapes = one_input_alias([spec.name for spec in specs], input_shapes)
     _check_names(path, [spec.name for spec in specs], input_shapes, "--input-shape")
     resolved, by_data, seen = [], [], None
     for spec in specs:

@@ -1,8 +1,8 @@
 """PyTorch example inputs as users write them, and outputs as modules return them.
 
-A factory's example input may be a tensor (named ``input``), a tuple of tensors (named after ``forward()``'s
-parameters), a dict
-of tensors by parameter name, or ``(args..., kwargs_dict)``; Python scalars become rank-0 tensors. Outputs may
+A factory's example input may be a tensor or a tuple of tensors (named after ``forward()``'s parameters;
+``input``, ``input0``, ... where it takes ``*args``), a dict of tensors by parameter name, or
+``(args..., kwargs_dict)``; Python scalars become rank-0 tensors. Outputs may
 be a tensor, a tuple, a dict or a ``transformers`` ``ModelOutput`` (named by their keys). Where the module is
 called by keyword or returns a dict, it is wrapped in ``NamedCall`` so that the rest of edgeopt calls it with
 positional tensors and gets a tuple back.
@@ -110,8 +110,8 @@ def torch_call(module, example, where: str, names: list[str] | None = None) -> T
     positional = tuple(_tensor(v, where) for v in positional)
     keywords = {k: _tensor(v, where) for k, v in keywords.items()}
     declared = parameter_names(module) or []
-    if names is None:  # one positional tensor keeps the name "input" (stable for existing data and bundles)
-        names = declared[:len(positional)] if len(declared) >= len(positional) > 1 or keywords else []
+    if names is None:
+        names = declared[:len(positional)] if len(declared) >= len(positional) else []
         if len(names) != len(positional) or set(names) & set(keywords):
             names = ["input"] if len(positional) == 1 and not keywords else [f"input{i}" for i in range(len(positional))]
     if keywords:

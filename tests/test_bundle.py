@@ -60,7 +60,7 @@ def test_manifest_describes_model_target_and_validation(bundle, tmp_path_factory
     assert manifest["runtime"]["version"] == report["measured_with"]["runtime_version"]
     (model,) = manifest["models"]
     assert model["precision"] == "int8" and model["files"] == ["model.xml", "model.bin"]
-    assert model["inputs"] == [{"name": "input", "shape": [None, 1, 8, 8], "dtype": "float32"}]  # batch dynamic
+    assert model["inputs"] == [{"name": "x", "shape": [None, 1, 8, 8], "dtype": "float32"}]  # batch dynamic
     assert model["outputs"][0]["shape"][-1] == 10
     assert manifest["recipe"] == "int8" and manifest["build_id"] == "test-1"
     assert manifest["target"]["name"] == "ci-loose-openvino"

@@ -55,8 +55,8 @@ def test_digits_int8_artifacts_run_in_both_runtimes_and_agree(digits_int8):
     outputs = run_artifacts(out)
     assert set(outputs) == {"model.xml", "model.onnx"}
     x = np.load(DIGITS_EVAL)["input"][:1]
-    ov_logits = open_session(out / "model.xml", RuntimeSettings(inference_precision="f32")).infer({"input": x})[0]
-    ort_logits = open_session(out / "model.onnx").infer({"input": x})[0]
+    ov_logits = open_session(out / "model.xml", RuntimeSettings(inference_precision="f32")).infer({"x": x})[0]
+    ort_logits = open_session(out / "model.onnx").infer({"x": x})[0]
     assert ov_logits.shape == ort_logits.shape == (1, 10)
     assert ov_logits.argmax() == ort_logits.argmax()
 

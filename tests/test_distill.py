@@ -24,7 +24,7 @@ from edgeopt.source import load_model
 def digits():
     """The trained digits CNN as teacher and its 300 labelled calibration samples."""
     source = load_model(DIGITS_MODEL)
-    return source.torch_module, TrainingSet.from_samples(load_samples(DIGITS_CALIB, source.inputs), ["input"])
+    return source.torch_module, TrainingSet.from_samples(load_samples(DIGITS_CALIB, source.inputs), source.input_names)
 
 
 def _student(seed: int = 1) -> torch.nn.Module:

@@ -381,3 +381,53 @@ def test_an_output_declared_with_a_size_the_graph_does_not_compute_ships_with_th
     session = open_session(out / "model.onnx")
     run = session.bind({"x": np.ones((3, 16), np.float32)})
     run(), run()
+
+
+TOKENS = '''import torch
+from torch import nn
+
+
+class Pooled(nn.Module):
+    """Token ids -> 4 scores, mean-pooled over the sequence: runs at any batch and length."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.mix, self.head = nn.Embedding(50, 16), nn.Linear(16, 16), nn.Linear(16, 4)
+
+    def forward(self, ids):
+        return self.head(torch.relu(self.mix(self.embed(ids))).mean(dim=1))
+
+
+def build():
+    torch.manual_seed(0)
+    return Pooled().eval(), torch.zeros(1, 8, dtype=torch.long), AXES
+'''
+
+
+def test_a_factory_declares_its_sequence_axis_dynamic_as_torch_onnx_export_takes_it(cli, tmp_path):
+    """``(module, example, dynamic_axes)``: the input takes forward()'s name, both artifacts declare the batch
+    and the length dynamic again, and the ONNX artifact runs at another length."""
+    factory = tmp_path / "tokens.py"
+    factory.write_text(TOKENS.replace("AXES", "{'ids': {0: 'batch', 1: 'sequence'}}"))
+    ids = np.random.default_rng(0).integers(0, 50, (32, 8))
+    np.savez(tmp_path / "c.npz", ids=ids)
+    out = tmp_path / "out"
+    result = cli("compress", f"{factory}:build", "--calib", tmp_path / "c.npz", "--out", out, "--quiet")
+    assert result.exit_code == 0, result.output
+    for decided in json.loads((out / "report.json").read_text())["decisions"]["dynamic_axes"].values():
+        assert decided["opened"] == ["ids[0]", "ids[1]"], decided
+    assert onnx.load(str(out / "model.onnx")).graph.input[0].name == "ids"
+    got, = _session(out / "model.onnx").run(None, {"ids": ids[:3, None].repeat(3, axis=1).reshape(3, 24)})
+    assert got.shape == (3, 4)
+
+
+@pytest.mark.parametrize("axes, says", [("{'tokens': [1]}", "dynamic_axes names unknown input(s) tokens; "
+                                                            "the model's inputs are ids"),
+                                        ("{'ids': [2]}", "dynamic_axes['ids'] must list axes of a rank-2 input"),
+                                        ("[1]", "the third item (dynamic_axes) is a list")])
+def test_dynamic_axes_a_factory_gets_wrong_are_refused_in_one_line(cli, tmp_path, axes, says):
+    factory = tmp_path / "tokens.py"
+    factory.write_text(TOKENS.replace("AXES", axes))
+    np.savez(tmp_path / "c.npz", ids=np.zeros((4, 8), np.int64))
+    result = cli("compress", f"{factory}:build", "--calib", tmp_path / "c.npz", "--out", tmp_path / "out")
+    assert result.exit_code == 2 and says in result.output and "Traceback" not in result.output, result.output

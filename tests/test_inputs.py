@@ -364,9 +364,10 @@ def test_a_factory_imports_its_neighbours_and_input_shapes_name_its_inputs(tmp_p
     (tmp_path / "factory.py").write_text("import torch\nfrom net import Net\n"
                                          "def build():\n    return Net(), torch.zeros(1, 16)\n")
     factory = f"{tmp_path / 'factory.py'}:build"
-    assert load_model(factory).input_names == ["input"]
-    assert load_model(factory, {"input": (8, 16)}).inputs[0].shape == (8, 16)
-    with pytest.raises(BadInputError, match="--input-shape names unknown input.*foo.*inputs are input"):
+    assert load_model(factory).input_names == ["x"]  # forward()'s parameter
+    assert load_model(factory, {"x": (8, 16)}).inputs[0].shape == (8, 16)
+    assert load_model(factory, {"input": (8, 16)}).inputs[0].shape == (8, 16)  # the name edgeopt gave it before
+    with pytest.raises(BadInputError, match="--input-shape names unknown input.*foo.*inputs are x"):
         load_model(factory, {"foo": (8, 16)})
     result = cli("compress", factory, "--calib", tmp_path / "c.npz", "--input-shape", "input=-1,16",
                  "--out", tmp_path / "o")
@@ -380,7 +381,7 @@ def test_a_factory_imports_its_neighbours_and_input_shapes_name_its_inputs(tmp_p
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
     # the example is one batch-1 sample: the batch is declared dynamic, and kept where the model itself runs there
-    assert report["decisions"]["dynamic_axes"]["openvino"]["opened"] == ["input[0]"]
+    assert report["decisions"]["dynamic_axes"]["openvino"]["opened"] == ["x[0]"]
     assert report["quality"]["passed"] is None  # no --eval: nothing gated, and the report says so
     assert any(note.startswith("quality not gated: no evaluation data") for note in report["notes"])
     assert report["quality"]["in_sample_cosine"]["openvino"] > 0.99  # measured all the same, on calibration data
@@ -407,8 +408,8 @@ def test_a_factory_whose_model_holds_its_batch_keeps_it_fixed_and_says_why(tmp_p
     report = json.loads((out / "report.json").read_text())
     for fmt in ("onnx", "openvino"):
         decided = report["decisions"]["dynamic_axes"][fmt]
-        assert decided["opened"] == [] and decided["fixed"] == ["input[0] = 1"], decided
-        assert decided["reason"].startswith("the source does not run at input=2,2,16 (") and \
+        assert decided["opened"] == [] and decided["fixed"] == ["x[0] = 1"], decided
+        assert decided["reason"].startswith("the source does not run at x=2,2,16 (") and \
             decided["reason"].count("does not run") == 1, decided  # said once
     # an example of several samples: no input holds a batch of 1 first, so no size-1 axis is taken for one
     (tmp_path / "several.py").write_text(
@@ -422,7 +423,7 @@ def test_a_factory_whose_model_holds_its_batch_keeps_it_fixed_and_says_why(tmp_p
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "u" / "report.json").read_text())
     assert "dynamic_axes" not in report["decisions"]
-    assert "the artifacts run at the PyTorch example's input sizes only (input [2, 16])" in " ".join(report["notes"])
+    assert "the artifacts run at the PyTorch example's input sizes only (x [2, 16])" in " ".join(report["notes"])
 
 
 def test_a_hugging_face_folder_holding_an_onnx_export_compresses_with_its_tokenizer(tmp_path, hf_folder, cli):

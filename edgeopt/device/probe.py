@@ -63,8 +63,9 @@ def run(request: dict) -> dict:
 def _feeds(inputs, recorded: dict, given: dict) -> tuple[dict, dict]:
     """Random inputs; dynamic dimensions are filled from the sizes ``given`` (name -> list of ints), over those
     the file ``recorded``."""
-    from edgeopt.device.runtime import TensorSpec, format_shape, random_feeds
+    from edgeopt.device.runtime import TensorSpec, format_shape, one_input_alias, random_feeds
 
+    given = one_input_alias([spec.name for spec in inputs], given)
     unknown = sorted(set(given) - {spec.name for spec in inputs})
     if unknown:
         raise BadInputError(f"input shapes given for unknown input(s) {', '.join(unknown)}; the model's inputs are "

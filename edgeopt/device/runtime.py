@@ -20,6 +20,14 @@ PRECISIONS = ("f32", "bf16", "f16")
 RECORDED_SHAPES = "edgeopt.input_shapes"  # ONNX metadata: the sizes edgeopt calibrated a dynamic input at
 
 
+def one_input_alias(names: list[str], given: dict) -> dict:
+    """``given`` (values by input name) with ``input`` read as a one-input model's input, whatever it is named:
+    the name edgeopt gave a PyTorch factory's single tensor before it took ``forward()``'s."""
+    if len(names) == 1 and set(given) == {"input"}:
+        return {names[0]: given["input"]}
+    return given
+
+
 def onnx_recorded_shapes(metadata: dict[str, str]) -> dict[str, list[int]]:
     """The sizes an ONNX file's metadata (key -> value) records for its dynamic inputs (edgeopt's files), or {}."""
     recorded = metadata.get(RECORDED_SHAPES)
