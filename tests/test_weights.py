@@ -277,3 +277,27 @@ def test_int8_weights_of_an_old_opset_onnx_file_with_constant_weights(cli, tiny_
     assert "weights (ONNX): opset 12 -> 13 (onnx.version_converter)" in notes
     assert any(note.startswith("weights (ONNX):") and "Constant node(s) moved to initializers" in note for note in notes)
     assert (out / "model.onnx").stat().st_size < 0.5 * path.stat().st_size, before  # int8 weights, not float
+
+
+@pytest.mark.parametrize("mode", ["int8_asym", "int8_sym"])
+def test_int8_weights_of_a_one_channel_conv_load_in_onnx_runtime(cli, tmp_path, mode):
+    """basic-pitch's last Conv has one output channel: NNCF stored its scale as ``[1, 1, 1]``, which ONNX Runtime
+    refuses ("scale must be 1D tensor with size 1") and edgeopt took for a per-tensor scale (exit 1)."""
+    import onnxruntime as ort
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Conv2d(3, 16, 3), nn.ReLU(), nn.Conv2d(16, 1, 3)).eval()
+    path = tmp_path / "one.onnx"
+    torch.onnx.export(module, (torch.zeros(1, 3, 16, 16),), str(path), dynamo=False, opset_version=15,
+                      input_names=["x"])
+    np.savez(tmp_path / "d.npz", x=np.random.default_rng(0).random((8, 3, 16, 16), dtype=np.float32))
+    out = tmp_path / "out"
+    result = cli("compress", path, "--calib", tmp_path / "d.npz", "--weights", mode, "--format", "onnx",
+                 "--out", out, "--quiet")
+    assert result.exit_code == 0, result.output
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    got, = session.run(None, {"x": np.ones((1, 3, 16, 16), np.float32)})
+    want = module(torch.ones(1, 3, 16, 16)).detach().numpy()
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()

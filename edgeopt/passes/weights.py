@@ -179,7 +179,8 @@ def per_axis_scales(model) -> list[str]:
     ONNX weight compression gives a Conv weight ``[out, in, k]`` a scale per ``(out, in)`` pair (it reduces over
     the last axis, as for a MatMul), where ONNX Runtime takes a scalar or a 1-D scale along ``axis`` ("scale must
     be 1D tensor with size ..."; Silero VAD's convolutions), and a 2-D Conv weight ``[out, in, kh, kw]`` a scale
-    ``[out, 1, 1]`` (per output channel, one axis short). Requantized from the values NNCF stored, per channel
+    ``[out, 1, 1]`` (per output channel, one axis short; for a 1-channel Conv ``[1, 1, 1]``, which is a scalar
+    here). Requantized from the values NNCF stored, per channel
     on the DequantizeLinear's axis, in its type (uint8 with zero points for asymmetric modes, int8 symmetric
     otherwise). Return the weights' names."""
     import numpy as np
@@ -195,6 +196,12 @@ def per_axis_scales(model) -> list[str]:
         stored = numpy_helper.to_array(inits[node.input[0]])
         scale = numpy_helper.to_array(inits[node.input[1]]).astype(np.float32)
         axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 1) % stored.ndim
+        if scale.size == 1 and scale.ndim > 1:  # per tensor, shaped [1, 1, 1] (a 1-channel Conv): a scalar
+            for name in node.input[1:3]:
+                if name in inits:
+                    inits[name].CopyFrom(numpy_helper.from_array(numpy_helper.to_array(inits[name]).reshape(()), name))
+            redone.append(node.input[0])
+            continue
         if scale.size == 1 or (scale.ndim == 1 and scale.shape[0] == stored.shape[axis]):
             continue  # per tensor or per axis: what ONNX Runtime takes
         zero = (numpy_helper.to_array(inits[node.input[2]]).astype(np.float32)
