@@ -269,13 +269,30 @@ def _chosen_compress_report(folder: Path, optimize: dict, path: Path) -> tuple[d
 def _check_gate(compress_report: dict | None, path: Path | None, models: list[Path]) -> None:
     """Refuse (``QualityGateError``) a bundled model whose format failed the compress run's quality gate or golden
     set; another format's failure does not stop this one."""
+    failed = _failed_gate(compress_report, models)
+    if failed is not None:
+        raise QualityGateError(f"{path}: {failed.name} failed its quality gate; not packaged")
+
+
+def _failed_gate(compress_report: dict | None, models: list[Path]) -> Path | None:
+    """The first of ``models`` whose format failed the compress run's quality gate or golden set, if any."""
     quality = (compress_report or {}).get("quality") or {}
     for model in models:
         fmt = file_format(model).name
         verdicts = [entry.get("passed") for entry in ((quality.get("artifacts") or {}).get(fmt),
                                                       (quality.get("golden") or {}).get(fmt)) if entry]
         if False in verdicts or (not verdicts and quality.get("passed") is False):
-            raise QualityGateError(f"{path}: {model.name} failed its quality gate; not packaged")
+            return model
+    return None
+
+
+def gate_failure(artifact: Path, model: Path) -> str | None:
+    """Why the ``edgeopt compress`` run that wrote ``model`` (``artifact``: its folder, or the file itself) refused
+    it at its quality gate, or None (it passed, was not gated, or edgeopt did not write it)."""
+    compress_report, path = _compress_report(artifact)
+    if _failed_gate(compress_report, [model]) is None:
+        return None
+    return f"{model.name} failed its quality gate when edgeopt compress wrote it ({path})"
 
 
 def _same_file(model: Path, entry: dict) -> bool:

@@ -229,3 +229,20 @@ def test_a_runtime_crash_under_the_isa_cap_drops_the_cap_and_says_so(tiny_ir, tm
     assert report.emulation_note == "emulated on h: 1 threads; ISA cap dropped for this model (see notes)"
     assert any(note.startswith("the AVX2 ISA cap was dropped for this model: OpenVINO could not run it with oneDNN "
                                "capped (the measuring process failed (exit -11)") for note in report.notes)
+
+
+def test_validate_exits_3_for_a_compress_folder_whose_quality_gate_failed(cli, loose_profiles, tiny_factory,
+                                                                          tiny_calib, tmp_path):
+    """basic-pitch's INT8 failed the gate (cosine 0.925) and `validate out/` read PASS, exit 0, saying nothing
+    of quality: the budgets are measured and shown, then exit 3 naming the compress run's verdict."""
+    out = tmp_path / "out"
+    result = cli("compress", tiny_factory, "--calib", tiny_calib, "--eval", tiny_calib, "--min-cosine", "1",
+                 "--format", "openvino", "--out", out, "--quiet")
+    assert result.exit_code == 3, result.output
+    json_path = tmp_path / "v.json"
+    result = cli("validate", out, "--target", "loose", "--runs", 20, "--warmup", 2, "--min-seconds", 0,
+                 "--json", json_path)
+    assert result.exit_code == 3, result.output
+    assert "model.xml failed its quality gate when edgeopt compress wrote it" in result.output
+    assert "p50_ms" in result.output  # the budgets were still measured and shown
+    assert any("failed its quality gate" in note for note in json.loads(json_path.read_text())["notes"])

@@ -45,15 +45,21 @@ def validate(artifact, target, device_spec, import_path, require_device, runs, w
     results a device wrote (--import).
 
     Exit 0 when every budget holds, 3 when the artifact regresses against a golden set (--golden, or the one a
-    bundle carries), 4 when a budget fails, 2 on bad input, 5 when no device figures could be had (device
+    bundle carries) or failed the quality gate of the `edgeopt compress` that wrote it (its report.json), 4 when
+    a budget fails, 2 on bad input, 5 when no device figures could be had (device
     unreachable, lost or unusable; or --require-device and only emulated figures).
     """
+    from pathlib import Path
+
     from edgeopt.api import validate as run_validate
     from edgeopt.device.reports import write_json, write_junit
+    from edgeopt.errors import BadInputError, QualityGateError
+    from edgeopt.packaging import gate_failure
     from edgeopt.reporting.console import print_validation
-    from edgeopt.errors import BadInputError
     from edgeopt.source import parse_input_shapes
     from edgeopt.targets import Measuring, load_target, model_in
+
+    failure = None  # the compress run's quality gate, for an artifact validated here
 
     guard_outputs(None, False, json_out=json_out, junit_out=junit_out)
     if device_spec and import_path:
@@ -88,6 +94,7 @@ def validate(artifact, target, device_spec, import_path, require_device, runs, w
         profile = load_target(target)
         report = run_validate(artifact, profile, measuring=Measuring(runs, warmup, min_seconds), input_shapes=shapes,
                               golden=golden, metric=spec)
+        failure = gate_failure(Path(artifact), model_in(artifact, profile.settings.runtime))
     if json_out:
         write_json(report, json_out)
     if junit_out:
@@ -95,6 +102,8 @@ def validate(artifact, target, device_spec, import_path, require_device, runs, w
     if not quiet and json_out != "-":
         print_validation(report)
     raise_if_regressed([report])
+    if failure is not None:
+        raise QualityGateError(failure)
     if require_device:
         raise_if_not_device([report])
     raise_if_failed([report])
