@@ -284,6 +284,7 @@ def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target
                                                    reopened["onnx"].axes if "onnx" in reopened else None,
                                                    target=profile)
                 result.notes.extend(_faster_runtime(result.vs_fp32))
+                result.notes.extend(_larger_than_source(loaded, artifacts))
             if evaluation is not None:
                 with timer("evaluate"):
                     _evaluate(result, source, evaluation)
@@ -458,6 +459,19 @@ def _faster_runtime(versus: dict[str, VsFp32]) -> list[str]:
             f"{slow.format} one in {slow_runtime} (p50 {fast.p50_ms:.3g} vs {slow.p50_ms:.3g} ms, each timed beside "
             f"its FP32, not against each other): a device that runs either may prefer {fast_runtime} (a profile's "
             f"[runtime] name)"]
+
+
+def _larger_than_source(source: SourceModel, artifacts: list[Artifact]) -> list[str]:
+    """A note on each artifact larger than the user's own model file (an ONNX or IR source): the "x FP32" figures
+    compare it with the FP32 model in its own format, which can itself be larger (basic-pitch's 225 KiB ONNX
+    file is a 350 KiB FP32 IR, whose XML holds tf2onnx's long names)."""
+    if source.kind not in ("onnx", "openvino"):
+        return []
+    fmt = format_of(source.path)
+    given = sum(f.stat().st_size for f in fmt.files(source.path) if f.is_file())
+    return [f"the {a.format} artifact ({a.bytes} B) is {a.bytes / given:.2f}x the size of the source file "
+            f"{source.path.name} ({given} B): its ratio to FP32 is to the FP32 model in its own format"
+            for a in artifacts if a.bytes > given]
 
 
 def _outputs_as_computed(graph, feeds: dict) -> list[str]:

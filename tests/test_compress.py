@@ -236,3 +236,27 @@ def test_ignored_scope_takes_onnx_node_names_and_refuses_unknown_ones(cli, tmp_p
     recipe.write_text('[[step]]\nname = "int8"\nignored_scope = ["no_such_node"]\n')
     result = cli("compress", model, "--calib", tiny_calib, "--recipe", recipe, "--out", tmp_path / "o2")
     assert result.exit_code == 2 and "ignored_scope names no operation of the model: no_such_node" in result.output
+
+
+def test_an_artifact_larger_than_the_source_file_is_said_and_names_in_brackets_print_as_text(cli, tmp_path):
+    """A small ONNX file can become a larger IR (basic-pitch: 225 KiB ONNX, 335 KiB INT8 IR shown as "1.04x
+    smaller" than the FP32 IR): the note says so. Each artifact's size column compares it with the FP32 model in
+    its own format, and text such as a folder named ``out[v2]`` prints as written, not as rich markup."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((16, 4)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "small",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [weight])
+    model = tmp_path / "small.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(model))
+    np.savez(tmp_path / "c.npz", x=np.random.default_rng(1).standard_normal((16, 16)).astype(np.float32))
+    out = tmp_path / "out[v2]"
+    result = cli("compress", model, "--calib", tmp_path / "c.npz", "--out", out)
+    assert result.exit_code == 0, result.output
+    notes = json.loads((out / "report.json").read_text())["notes"]
+    said = [n for n in notes if n.startswith("the openvino artifact (") and "the size of the source file small.onnx"
+            in n]
+    assert said, notes
+    assert "out[v2]" in result.output and "vs FP32" in result.output and "(onnx)" in result.output, result.output

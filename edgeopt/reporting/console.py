@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 PIPE_WIDTH = 160  # columns of the tables written to a pipe or a log
@@ -52,11 +53,11 @@ def size_ratio(reference: int, size: int) -> str:
 
 def print_compress_result(result) -> None:
     out = console()
-    out.print(f"recipe: {result.recipe.describe()}")
+    out.print(escape(f"recipe: {result.recipe.describe()}"))
     for note in result.notes:
-        out.print(f"  {note}")
-    table = Table(title=f"artifacts in {result.out}")
-    for column in ("model", "precision", "size", "vs FP32 IR", "top-1", "cosine", "quality gate"):
+        out.print(escape(f"  {note}"))  # names and "[runtime]" are text, not markup
+    table = Table(title=escape(f"artifacts in {result.out}"))
+    for column in ("model", "precision", "size", "vs FP32", "top-1", "cosine", "quality gate"):
         table.add_column(column)
     reference = result.reference
     if result.fp32_ir_bytes:
@@ -66,10 +67,13 @@ def print_compress_result(result) -> None:
         quality = result.qualities.get(artifact.format)
         top1 = f"{quality.top1 * 100:.2f}%" if quality and quality.top1 is not None else "-"
         cosine = f"{quality.fidelity.cosine:.5f}" if quality and quality.fidelity else "-"
-        ratio = size_ratio(result.fp32_ir_bytes, artifact.bytes) if result.fp32_ir_bytes else "-"
+        versus = result.vs_fp32.get(artifact.format)  # the FP32 model in the artifact's own format
+        ratio = (size_ratio(versus.fp32_bytes, artifact.bytes) + f" ({artifact.format})" if versus else
+                 size_ratio(result.fp32_ir_bytes, artifact.bytes) + " (IR)" if result.fp32_ir_bytes else "-")
         gate = result.gate_results.get(artifact.format)
         verdict = "-" if gate is None else ("PASS: " if gate[0] else "FAIL: ") + gate[1]
-        table.add_row(artifact.path.name, artifact.precision, format_bytes(artifact.bytes), ratio, top1, cosine, verdict)
+        table.add_row(artifact.path.name, artifact.precision, format_bytes(artifact.bytes), ratio, top1, cosine,
+                      escape(verdict))
     out.print(table)
     print_output_fidelity(result, out)
     for fmt, versus in result.vs_fp32.items():
@@ -110,20 +114,20 @@ def print_repair(repair: dict, out: Console, count: int = 10) -> None:
                       box=box.SIMPLE_HEAD, pad_edge=False)
         for column in ("#", "operation", "type", "gain", "worst SQNR dB", "added noise dB", "range ratio", "clipped",
                        "float"):
-            table.add_column(column, no_wrap=column == "operation")
+            table.add_column(column, max_width=48 if column == "operation" else None, overflow="fold")
         for rank, op in enumerate(sensitivity["ranked"][:count], 1):
-            table.add_row(str(rank), op["label"], op["op_type"],
+            table.add_row(str(rank), escape(op["label"]), op["op_type"],
                           f"({op['screen_gain']:+.4f})" if op["gain"] is None else f"{op['gain']:+.4f}",
                           f"{min(op['sqnr_db'].values()):.1f}" if op["sqnr_db"] else "-",
                           format_noise_db(op["screen_noise_db"]),
                           "-" if op["range_ratio"] is None else f"{op['range_ratio']:.3g}",
                           "-" if op["clipped"] is None else f"{op['clipped']:.2%}", "yes" if op["name"] in kept else "")
         Console(highlight=False, width=max(out.width, 130)).print(table)
-    out.print(f"int8 repair: {'passed at rung ' + repair['passed_rung'] if repair['passed_rung'] else 'no rung passed'}"
-              f", {len(repair['float_ops'])} operation(s) in float ({repair['float_share']:.1%}); one-step recipe: "
-              f"{repair['recipe'] or 'none (' + (repair['no_recipe'] or 'no rung passed') + ')'}")
+    passed = f"passed at rung {repair['passed_rung']}" if repair["passed_rung"] else "no rung passed"
+    out.print(escape(f"int8 repair: {passed}, {len(repair['float_ops'])} operation(s) in float ({repair['float_share']:.1%}); one-step "
+                     f"recipe: {repair['recipe'] or 'none (' + (repair['no_recipe'] or 'no rung passed') + ')'}"))
     if repair["float_reason"]:
-        out.print(f"in float: {repair['float_reason']}")
+        out.print(escape(f"in float: {repair['float_reason']}"))
 
 
 def print_output_fidelity(result, out: Console) -> None:
@@ -203,10 +207,10 @@ def print_validation(report) -> None:
     out.print(f"memory: artifact {format_bytes(report.artifact_bytes)} on disk; measuring process RSS "
               f"{format_bytes(before) if before else '?'} before load, peak {format_bytes(rss) if rss else '?'}")
     out.print(f"measured with: {report.measured_with(where=False)}")
-    out.print(f"[bold yellow]{report.emulation_note}[/bold yellow]" if report.emulation_note
-              else f"measured on the device itself ({report.host['cpu_model']})")
+    out.print(f"[bold yellow]{escape(report.emulation_note)}[/bold yellow]" if report.emulation_note
+              else escape(f"measured on the device itself ({report.host['cpu_model']})"))
     for note in report.notes:
-        out.print(f"note: {note}")
+        out.print(escape(f"note: {note}"))
     if report.golden is not None:
         print_golden(report.golden)
 
@@ -225,9 +229,9 @@ def print_golden(result: dict) -> None:
         out.print(f"  metric {metric['primary']}: {metric['value']:.6g} vs {metric['reference']:.6g}, drop "
                   f"{metric['drop']:.4g} (max {metric['threshold']:.4g}; {metric['direction']} is better)")
     if not result["passed"]:
-        out.print(f"  {golden_message(result)}")
+        out.print(escape(f"  {golden_message(result)}"))
     for note in result["notes"]:
-        out.print(f"  note: {note}")
+        out.print(escape(f"  note: {note}"))
 
 
 def _fmt(value: float, unit: str) -> str:
@@ -250,10 +254,10 @@ def print_optimize_result(report: dict, out: Path) -> None:
                 table.add_row(*tables.marked(row), style=_STYLE[row.status])
             printer.print(table)
         elif section.kind == "verdict":
-            printer.print(section.body, style="bold green" if report["verdict"] == "found" else "bold red")
+            printer.print(escape(section.body), style="bold green" if report["verdict"] == "found" else "bold red")
         elif section.kind == "fields" and section.key != "measured":
             for key, value in section.body:
-                printer.print(f"{key}: {value}")
+                printer.print(escape(f"{key}: {value}"))
         elif section.kind == "fields":
             measured = [value for key, value in section.body if key.startswith("measured with")]
             printer.print(f"measured with: {measured[0]}" if measured else "nothing was measured")
