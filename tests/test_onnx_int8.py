@@ -628,3 +628,35 @@ def test_a_runtime_much_faster_than_the_other_is_noted():
     assert len(note) == 1 and note[0].startswith("on this host the onnx artifact ran 4.0x faster in ONNX Runtime")
     assert _faster_runtime({"openvino": versus("openvino", 1.5), "onnx": versus("onnx", 1.0)}) == []
     assert _faster_runtime({"onnx": versus("onnx", 1.0)}) == []
+
+
+def test_onnx_runtime_quantizes_under_short_names_and_the_model_keeps_its_own():
+    """tf2onnx names (``model_1/cq/conv1d_25;model_1/cq/conv1d_252``) broke quantize_static on basic-pitch: ONNX
+    Runtime's quantizers see the inner tensors as ``edgeopt_t000000``, ... and the result carries the model's own
+    names again, its quantizer's derived ones (``<name>_quantized``) included; the graph's inputs and outputs are
+    never renamed."""
+    from edgeopt.data import SampleSet
+    from edgeopt.passes.onnx_int8 import _ort
+
+    rng = np.random.default_rng(0)
+    long = "model_1/cq_t2010v2_1/conv1d_25"
+    weight = numpy_helper.from_array(rng.standard_normal((8, 1, 1, 3)).astype(np.float32), f"{long};weight")
+    bias = numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), f"{long};{long}")
+    nodes = [helper.make_node("Conv", ["x", weight.name, bias.name], [f"{long};{long}2"], name="conv"),
+             helper.make_node("Relu", [f"{long};{long}2"], ["y"], name="relu")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 6])],
+                              [weight, bias])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    samples = SampleSet([{"x": rng.random((1, 1, 8, 8), dtype=np.float32)} for _ in range(4)], None, "random")
+    quantized = _ort(model, samples, 4, [])
+    names = {*(i.name for i in quantized.graph.initializer), *(t for n in quantized.graph.node for t in n.output)}
+    assert not [name for name in names if name.startswith("edgeopt_t")], names
+    assert any(name.startswith(f"{long};weight") for name in names), names
+    assert any(name.startswith(f"{long};{long}") for name in names), names
+    assert [v.name for v in quantized.graph.input] == ["x"] and [v.name for v in quantized.graph.output] == ["y"]
+    assert model.graph.node[0].output[0] == f"{long};{long}2"  # the caller's model is left as it was
+    x = samples.samples[0]["x"]
+    got, = ort.InferenceSession(quantized.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    want, = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()

@@ -721,14 +721,68 @@ def _ort(model, calibration: SampleSet, subset_size: int, ignored: list[str], op
 
 def _through_files(model, quantize):
     """``quantize(src, dst)`` (ONNX Runtime's quantizers read and write files) on ``model``, in a temporary
-    folder (their calibrator's augmented model lands beside ``src``); the quantized model."""
+    folder (their calibrator's augmented model lands beside ``src``); the quantized model. The inner tensors go
+    through under short names of one length (:func:`_renamed`), and come back under their own: quantize_static
+    failed on basic-pitch's tf2onnx graph (``Invalid attribute perm``), whose Conv output
+    ``.../conv1d_25;.../conv1d_252`` runs on from its bias ``.../conv1d_25;.../conv1d_25``."""
     import onnx
 
+    model = copy.deepcopy(model)
+    short = _renamed(model)
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
         onnx.save(model, str(src))
         quantize(str(src), str(dst))
-        return onnx.load(str(dst))
+        quantized = onnx.load(str(dst))
+    back = {new: old for old, new in short.items()}
+    derived = {name: back[name[:SHORT_NAME]] + name[SHORT_NAME:] for name in _tensor_names(quantized.graph)
+               if name[:SHORT_NAME] in back}  # and the quantizer's "<name>_quantized", ... as it names them
+    _renamed(quantized, derived)
+    return quantized
+
+
+SHORT_NAME = len("edgeopt_t000000")
+
+
+def _renamed(model, names: dict[str, str] | None = None) -> dict[str, str]:
+    """Rename ``model``'s tensors in place by ``names`` (old -> new; default: every tensor but the graph's inputs
+    and outputs to ``edgeopt_t000000``, ``edgeopt_t000001``, ..., none a prefix of another), in its subgraphs too;
+    the names used."""
+    graph = model.graph
+    if names is None:
+        kept = {v.name for v in (*graph.input, *graph.output)}
+        found = dict.fromkeys(name for name in _tensor_names(graph) if name and name not in kept)
+        names = {name: f"edgeopt_t{i:06d}" for i, name in enumerate(found)}  # SHORT_NAME characters each
+    _rename_in(graph, names)
+    return names
+
+
+def _tensor_names(graph):
+    for init in graph.initializer:
+        yield init.name
+    for node in graph.node:
+        yield from node.input
+        yield from node.output
+        for sub in _subgraphs(node):
+            yield from _tensor_names(sub)
+
+
+def _subgraphs(node):
+    for attr in node.attribute:
+        yield from ([attr.g] if attr.HasField("g") else [])
+        yield from attr.graphs
+
+
+def _rename_in(graph, names: dict[str, str]) -> None:
+    for init in graph.initializer:
+        init.name = names.get(init.name, init.name)
+    for value in (*graph.value_info, *graph.input, *graph.output):
+        value.name = names.get(value.name, value.name)
+    for node in graph.node:
+        node.input[:] = [names.get(name, name) for name in node.input]
+        node.output[:] = [names.get(name, name) for name in node.output]
+        for sub in _subgraphs(node):
+            _rename_in(sub, names)
 
 
 def quantize_recurrent(model, mode: str = "dynamic"):
