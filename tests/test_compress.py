@@ -260,3 +260,38 @@ def test_an_artifact_larger_than_the_source_file_is_said_and_names_in_brackets_p
             in n]
     assert said, notes
     assert "out[v2]" in result.output and "vs FP32" in result.output and "(onnx)" in result.output, result.output
+
+
+def test_ignored_patterns_keep_every_matching_operation_float_in_both_files(cli, tmp_path, tiny_calib):
+    """basic-pitch's front end is 200 tf2onnx nodes under one prefix: ``ignored_patterns`` names them at once, in
+    the IR (its operations' names) and the ONNX file (its node names); a pattern that matches nothing, or is no
+    regular expression, is refused in one line."""
+    import onnx
+    import openvino as ov
+    import torch
+
+    torch.manual_seed(0)
+    model = tmp_path / "convs.onnx"
+    torch.onnx.export(torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3),
+                                          torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3)).eval(),
+                      (torch.zeros(1, 1, 8, 8),), str(model), dynamo=False, opset_version=13, input_names=["input"])
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text('[[step]]\nname = "int8"\nignored_patterns = ["/[02]/"]\nonnx_backend = "ort"\n')
+    out = tmp_path / "out"
+    result = cli("compress", model, "--calib", tiny_calib, "--recipe", recipe, "--out", out, "--quiet")
+    assert result.exit_code == 0, result.output
+    weights = {op.get_friendly_name(): op.input_value(1).get_node().get_type_name()
+               for op in ov.Core().read_model(str(out / "model.xml")).get_ops() if op.get_type_name() == "Convolution"}
+    assert weights == {"/0/Conv/WithoutBiases": "Constant", "/2/Conv/WithoutBiases": "Constant",
+                       "/4/Conv/WithoutBiases": "Multiply"}  # float, float; INT8
+    graph = onnx.load(str(out / "model.onnx")).graph
+    producers = {output: node.op_type for node in graph.node for output in node.output}
+    fed = {node.name: producers.get(node.input[1], "initializer") for node in graph.node if node.op_type == "Conv"}
+    assert fed == {"/0/Conv": "initializer", "/2/Conv": "initializer", "/4/Conv": "DequantizeLinear"}, fed
+    notes = json.loads((out / "report.json").read_text())["notes"]
+    assert any(n.startswith("int8: ignored_patterns /[02]/ keep ") for n in notes), notes
+    for pattern, says in (("/9/", "ignored_patterns match no operation of the model: /9/"),
+                          ("[", "ignored_patterns: '[' is not a regular expression")):
+        recipe.write_text(f'[[step]]\nname = "int8"\nignored_patterns = ["{pattern}"]\n')
+        result = cli("compress", model, "--calib", tiny_calib, "--recipe", recipe, "--out", tmp_path / "o2")
+        assert result.exit_code == 2 and says in result.output and "Traceback" not in result.output, result.output

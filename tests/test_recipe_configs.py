@@ -99,7 +99,7 @@ def test_good_parameters_build_typed_configs(tmp_path):
     assert (distill.epochs, distill.lr) == (1, 1)
     assert (int8.preset, int8.ignored_scope, int8.subset_size) == ("mixed", ["a"], 300)
     assert parsed.key()[2] == ["int8", {"preset": "mixed", "subset_size": 300, "fast_bias_correction": True,
-                                        "ignored_scope": ["a"], "model_type": "auto",
+                                        "ignored_scope": ["a"], "ignored_patterns": None, "model_type": "auto",
                                         "smooth_quant_alpha": None, "ffn_down_float": True,
                                         "recurrent_float": True, "onnx_backend": "auto"}]
 

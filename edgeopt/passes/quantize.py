@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -50,12 +51,16 @@ class Int8Config(StepConfig):
     compute; for transformers its dynamic
     quantization, ``ort-dynamic``, and where Conv weights are a substantial share ``ort-hybrid``: Convs static,
     MatMuls dynamic) and picks by fusability,
-    fidelity and measured speed (``edgeopt.passes.onnx_int8``); naming one reproduces a choice exactly."""
+    fidelity and measured speed (``edgeopt.passes.onnx_int8``); naming one reproduces a choice exactly.
+    ``ignored_patterns``: regular expressions (matched from the start of a name, as NNCF's ``IgnoredScope``
+    matches them) for operations left in float beside ``ignored_scope``'s names: in the IR, its operations'
+    names; in the ONNX file, its node names (a front end of 200 tf2onnx nodes is ``"model_1/cq_t2010v2_1/.*"``)."""
 
     preset: Preset = "auto"
     subset_size: int = number(300, "[1, inf)")
     fast_bias_correction: bool = True
     ignored_scope: list[str] | None = None
+    ignored_patterns: list[str] | None = None
     model_type: Literal["auto", "transformer", "default"] = "auto"
     smooth_quant_alpha: float | None = None
     ffn_down_float: bool = True
@@ -66,18 +71,26 @@ class Int8Config(StepConfig):
 @register("int8", Int8Config, stage=GRAPH, formats=("openvino", "onnx"), sets_precision=True,
           summary="INT8 post-training quantization of weights and activations (nncf.quantize)")
 def int8(model: WorkingModel, ctx: PassContext, config: Int8Config) -> None:
-    ov_scope = _scope_in_openvino(model.ov_model, config.ignored_scope or [], _onnx_node_names(model))
+    onnx_names = _onnx_node_names(model)
+    by_pattern = _matching(config.ignored_patterns or [], model.ov_model, onnx_names)
+    ov_scope = _scope_in_openvino(model.ov_model, config.ignored_scope or [], set(onnx_names))
+    ov_scope = list(dict.fromkeys(ov_scope + by_pattern["openvino"]))
     quantized = quantize_openvino(model.ov_model, model.source.model_type, ctx.calibration,
                                   replace(config, ignored_scope=ov_scope or None))
     model.graphs["openvino"] = quantized.model
     model.precision = "int8"
     model.float_weights_fp16 = True
     model.notes.append(f"int8: {quantized.note}")
+    if config.ignored_patterns:
+        model.notes.append(f"int8: ignored_patterns {', '.join(config.ignored_patterns)} keep "
+                           f"{len(by_pattern['openvino'])} IR operation(s) and {len(by_pattern['onnx'])} ONNX "
+                           f"node(s) in float")
     model.decisions["int8"] = {"preset": quantized.preset.describe()}
     if "onnx" in model.graphs:
         onnx_options = {k: v for k, v in quantized.kwargs.items() if k not in ("subset_size", "ignored_scope")}
         picked = quantize_onnx(model.graphs["onnx"], ctx.calibration, subset_size=quantized.kwargs["subset_size"],
-                               nncf_options=onnx_options, ignored=list(config.ignored_scope or []),
+                               nncf_options=onnx_options,
+                               ignored=list(dict.fromkeys([*(config.ignored_scope or []), *by_pattern["onnx"]])),
                                transformer=quantized.transformer, ffn_down_float=quantized.ffn_down_float,
                                recurrent_float=config.recurrent_float,
                                backends=None if config.onnx_backend == "auto" else (config.onnx_backend,),
@@ -111,14 +124,35 @@ def _scope_in_openvino(ov_model, names: list[str], onnx_names: set[str]) -> list
     return list(dict.fromkeys(resolved))
 
 
-def _onnx_node_names(model: WorkingModel) -> set[str]:
-    """The node names of the model's ONNX graph (the working one, else an ONNX source file's)."""
+def _onnx_node_names(model: WorkingModel) -> list[str]:
+    """The node names of the model's ONNX graph (the working one, else an ONNX source file's), in its order."""
     graph = model.graphs.get("onnx")
     if graph is None and model.source.kind == "onnx":
         import onnx
 
         graph = onnx.load(str(model.source.path), load_external_data=False)
-    return {node.name for node in graph.graph.node} if graph is not None else set()
+    return [node.name for node in graph.graph.node] if graph is not None else []
+
+
+def _matching(patterns: list[str], ov_model, onnx_names: list[str]) -> dict[str, list[str]]:
+    """By format, the operations ``patterns`` match (``re.match``, as NNCF's ``IgnoredScope`` does): the IR's
+    computing operations (not its constants, parameters and results) and the ONNX graph's nodes. A pattern that
+    is no regular expression, or matches nothing in either, is refused."""
+    compiled = []
+    for pattern in patterns:
+        try:
+            compiled.append(re.compile(pattern))
+        except re.error as exc:
+            raise BadInputError(f"int8 ignored_patterns: {pattern!r} is not a regular expression ({exc})") from None
+    plumbing = ("Constant", "Parameter", "Result")
+    ops = [op.get_friendly_name() for op in ov_model.get_ops() if op.get_type_name() not in plumbing]
+    found = {"openvino": [n for n in ops if any(p.match(n) for p in compiled)],
+             "onnx": [n for n in onnx_names if any(p.match(n) for p in compiled)]}
+    idle = [p.pattern for p in compiled if not any(p.match(n) for n in (*ops, *onnx_names))]
+    if idle:
+        raise BadInputError(f"int8 ignored_patterns match no operation of the model: {', '.join(idle)} (matched "
+                            f"from the start of the ONNX file's node names and the OpenVINO IR's operation names)")
+    return found
 
 
 def _declared_dynamic(model: WorkingModel) -> dict[str, list[int]] | None:
