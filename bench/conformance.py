@@ -566,7 +566,7 @@ MUSIC_RATE = 22050
 
 
 def music_windows(count: int, length: int, seed: int) -> np.ndarray:
-    """``count`` windows ``[count, length, 1]`` of synthetic polyphonic music at 22050 Hz, as basic-pitch takes raw
+    """``count`` windows ``[count, 1, length, 1]`` (one batch-1 sample per row) of synthetic polyphonic music at 22050 Hz, as basic-pitch takes raw
     audio (no normalisation): chords of 1-4 harmonic notes (3-9 partials, 3-30 ms attack, exponential decay),
     rests, low background noise, peak at most 0.95; one window with a silent stretch, one of noise, one silent."""
     rng = np.random.default_rng(seed)
@@ -601,7 +601,7 @@ def music_windows(count: int, length: int, seed: int) -> np.ndarray:
         else:
             x = 1e-4 * rng.standard_normal(length)
         windows.append(x * min(1.0, 0.95 / np.abs(x).max()))
-    return np.stack(windows)[..., None].astype(np.float32)
+    return np.stack(windows)[:, None, :, None].astype(np.float32)  # one row per sample
 
 
 def run_entry(entry: Entry, work: Path, timing: bool = True) -> dict:
