@@ -631,31 +631,37 @@ def test_a_runtime_much_faster_than_the_other_is_noted():
 
 
 def test_onnx_runtime_quantizes_under_short_names_and_the_model_keeps_its_own():
-    """tf2onnx names (``model_1/cq/conv1d_25;model_1/cq/conv1d_252``) broke quantize_static on basic-pitch: ONNX
-    Runtime's quantizers see the inner tensors as ``edgeopt_t000000``, ... and the result carries the model's own
-    names again, its quantizer's derived ones (``<name>_quantized``) included; the graph's inputs and outputs are
-    never renamed."""
+    """quantize_static gives a bias shared by several Convs a copy per Conv named ``<bias>1``, ``<bias>2``, ...
+    without looking whether those names are taken: on basic-pitch (26 Convs sharing one bias, a Conv output named
+    the bias plus ``2``) what it wrote did not load. ONNX Runtime's quantizers see the inner tensors under short
+    names; the result carries the model's own names again, and its quantizer's derived ones (``<name>_quantized``,
+    node ``<name>_QuantizeLinear``) where they clash with nothing; the graph's inputs and outputs keep theirs."""
     from edgeopt.data import SampleSet
     from edgeopt.passes.onnx_int8 import _ort
 
     rng = np.random.default_rng(0)
-    long = "model_1/cq_t2010v2_1/conv1d_25"
-    weight = numpy_helper.from_array(rng.standard_normal((8, 1, 1, 3)).astype(np.float32), f"{long};weight")
-    bias = numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), f"{long};{long}")
-    nodes = [helper.make_node("Conv", ["x", weight.name, bias.name], [f"{long};{long}2"], name="conv"),
-             helper.make_node("Relu", [f"{long};{long}2"], ["y"], name="relu")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 6])],
-                              [weight, bias])
+    bias = "model_1/cq/conv1d_25;model_1/cq/conv1d_25"
+    weights = [numpy_helper.from_array(rng.standard_normal((4, 4, 3, 3)).astype(np.float32), f"w{i}")
+               for i in range(3)]
+    shared = numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), bias)
+    nodes = [helper.make_node("Conv", ["x", "w0", bias], [f"{bias}2"], name="c0", pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", [f"{bias}2", "w1", bias], [f"{bias}1"], name="c1", pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", [f"{bias}1", "w2", bias], ["y"], name="c2", pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [*weights, shared])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
-    samples = SampleSet([{"x": rng.random((1, 1, 8, 8), dtype=np.float32)} for _ in range(4)], None, "random")
+    samples = SampleSet([{"x": rng.random((1, 4, 8, 8), dtype=np.float32)} for _ in range(4)], None, "random")
     quantized = _ort(model, samples, 4, [])
-    names = {*(i.name for i in quantized.graph.initializer), *(t for n in quantized.graph.node for t in n.output)}
-    assert not [name for name in names if name.startswith("edgeopt_t")], names
-    assert any(name.startswith(f"{long};weight") for name in names), names
-    assert any(name.startswith(f"{long};{long}") for name in names), names
+    names = {*(i.name for i in quantized.graph.initializer), *(t for n in quantized.graph.node for t in n.output),
+             *(n.name for n in quantized.graph.node)}
+    leftover = [n[len("edgeopt_t000000"):] for n in names if n.startswith("edgeopt")]
+    assert all(rest[:1].isdigit() or rest.endswith("uantizeLinear") for rest in leftover), leftover  # bias copies
+    # that would clash, and Q/DQ node names that would be the same as another's
+    assert {"w0_quantized", "c0", "c2", f"{bias}1", f"{bias}2"} <= names, names
+    assert any(n.endswith("_QuantizeLinear") and not n.startswith("edgeopt") for n in names), names
     assert [v.name for v in quantized.graph.input] == ["x"] and [v.name for v in quantized.graph.output] == ["y"]
-    assert model.graph.node[0].output[0] == f"{long};{long}2"  # the caller's model is left as it was
+    assert model.graph.node[0].output[0] == f"{bias}2"  # the caller's model is left as it was
     x = samples.samples[0]["x"]
     got, = ort.InferenceSession(quantized.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     want, = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
