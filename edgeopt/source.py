@@ -19,6 +19,7 @@ import numpy as np
 
 from edgeopt.batch_axes import check_batch_axis, model_batch_axis
 from edgeopt.device.runtime import (
+    SINGLE_INPUT,
     TensorSpec,
     format_shape,
     one_input_alias,
@@ -438,14 +439,16 @@ def _load_torch_factory(path: Path, factory: str, input_shapes: dict) -> SourceM
     source = torch_source(path, module.eval() if isinstance(module, torch.nn.Module) else module, example,
                           input_shapes)
     if axes is not None:
-        source.declared_inputs = _declared_dynamic(f"{path}:{factory}", source.inputs, axes)
+        source.declared_inputs = _declared_dynamic(f"{path}:{factory}", source.inputs, source.output_names, axes)
     return source
 
 
-def _declared_dynamic(where: str, inputs: list[TensorSpec], axes) -> list[TensorSpec]:
+def _declared_dynamic(where: str, inputs: list[TensorSpec], outputs: list[str], axes: dict) -> list[TensorSpec]:
     """``inputs`` with the dimensions a factory declares dynamic unsized: ``axes`` as ``torch.onnx.export``'s
-    ``dynamic_axes`` takes them (``{"input_ids": {0: "batch", 1: "sequence"}}`` or ``{"input_ids": [0, 1]}``)."""
+    ``dynamic_axes`` takes them (``{"input_ids": {0: "batch", 1: "sequence"}}`` or ``{"input_ids": [0, 1]}``; the
+    outputs' entries are taken as given: an output's sizes follow from the inputs')."""
     ranks = {spec.name: len(spec.shape) for spec in inputs}
+    axes = one_input_alias(list(ranks), {name: a for name, a in axes.items() if name not in outputs or name in ranks})
     unknown = [str(name) for name in axes if name not in ranks]
     if unknown:
         raise BadInputError(f"{where}: dynamic_axes names unknown input(s) {', '.join(unknown)}; the model's "
@@ -493,7 +496,7 @@ def torch_source(path: Path, module, example, input_shapes: dict, *, shapes_name
     where = str(path)
     if isinstance(module, torch.export.ExportedProgram):
         example = tuple(example) if isinstance(example, (tuple, list)) else (example,)
-        names = ["input"] if len(example) == 1 else [f"input{i}" for i in range(len(example))]
+        names = [SINGLE_INPUT] if len(example) == 1 else [f"input{i}" for i in range(len(example))]
         call = None
     else:
         call = torch_call(module, example, where)

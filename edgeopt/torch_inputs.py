@@ -14,6 +14,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
+from edgeopt.device.runtime import SINGLE_INPUT
 from edgeopt.errors import BadInputError, first_line
 
 
@@ -110,10 +111,13 @@ def torch_call(module, example, where: str, names: list[str] | None = None) -> T
     positional = tuple(_tensor(v, where) for v in positional)
     keywords = {k: _tensor(v, where) for k, v in keywords.items()}
     declared = parameter_names(module) or []
-    if names is None:
+    single = len(positional) == 1 and not keywords
+    fallback = [SINGLE_INPUT] if single else [f"input{i}" for i in range(len(positional))]
+    named = names is not None
+    if not named:
         names = declared[:len(positional)] if len(declared) >= len(positional) else []
         if len(names) != len(positional) or set(names) & set(keywords):
-            names = ["input"] if len(positional) == 1 and not keywords else [f"input{i}" for i in range(len(positional))]
+            names = fallback
     if keywords:
         unknown = [k for k in keywords if declared and k not in declared and not _takes_kwargs(module)]
         if unknown:
@@ -134,6 +138,8 @@ def torch_call(module, example, where: str, names: list[str] | None = None) -> T
         module = NamedCall(module)
     if keys is None:
         keys = ["output"] if len(tensors) == 1 else [f"output{i}" for i in range(len(tensors))]
+    if not named and not keywords and set(names) & set(keys):  # forward(self, output): an input may not share
+        names = fallback  # an output's name (the exported graph would rename one of them)
     return TorchCall(module, example, list(names), keys)
 
 

@@ -408,7 +408,7 @@ def test_a_factory_declares_its_sequence_axis_dynamic_as_torch_onnx_export_takes
     """``(module, example, dynamic_axes)``: the input takes forward()'s name, both artifacts declare the batch
     and the length dynamic again, and the ONNX artifact runs at another length."""
     factory = tmp_path / "tokens.py"
-    factory.write_text(TOKENS.replace("AXES", "{'ids': {0: 'batch', 1: 'sequence'}}"))
+    factory.write_text(TOKENS.replace("AXES", "{'ids': {0: 'batch', 1: 'sequence'}, 'output': {0: 'batch'}}"))
     ids = np.random.default_rng(0).integers(0, 50, (32, 8))
     np.savez(tmp_path / "c.npz", ids=ids)
     out = tmp_path / "out"

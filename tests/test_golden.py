@@ -186,3 +186,27 @@ def test_a_metric_with_heavy_imports_is_not_shipped_and_only_own_folders_are_rep
     (tmp_path / "mine" / "notes.txt").write_text("keep me")
     refused = run(*args, "--out", tmp_path / "mine")
     assert refused.exit_code == 2 and (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+
+
+def test_a_golden_set_keyed_input_checks_a_factory_model_whose_input_took_forwards_name(cli, tiny_factory,
+                                                                                         tiny_calib, tmp_path):
+    """A golden set made when every factory's single input was named ``input`` still checks the artifact of the
+    same factory whose input is now ``forward()``'s ``x`` (it was exit 1, "Port for tensor name input")."""
+
+    out, gold = tmp_path / "out", tmp_path / "gold"
+    assert cli("compress", tiny_factory, "--calib", tiny_calib, "--format", "onnx", "--out", out,
+               "--quiet").exit_code == 0
+    result = cli("golden", "create", out / "model.onnx", "--data", tiny_calib, "--out", gold, "--samples", 4)
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((gold / "golden.json").read_text())
+    (name,) = [spec["name"] for spec in manifest["inputs"]]
+    assert name == "x"
+    with np.load(gold / "golden.npz") as archive:
+        arrays = {("input:input" if key == f"input:{name}" else key): archive[key] for key in archive.files}
+    np.savez(gold / "golden.npz", **arrays)
+    manifest["inputs"][0]["name"] = "input"
+    (gold / "golden.json").write_text(json.dumps(manifest))
+    result = cli("validate", out / "model.onnx", "--target", "generic-x86-avx2-2core", "--golden", gold,
+                 "--runs", 5, "--warmup", 1, "--min-seconds", 0)
+    assert result.exit_code in (0, 4), result.output  # 4: the generic profile's budgets on a busy host
+    assert "golden set" in result.output and "PASS" in result.output, result.output

@@ -480,3 +480,28 @@ def test_a_hugging_face_folder_holding_an_onnx_export_compresses_with_its_tokeni
     assert {"config.json", "tokenizer.json"} <= set(report["companions"])
     assert (out / "config.json").read_bytes() == (folder / "config.json").read_bytes()
     assert "model.onnx" in report["inputs"]["model"]["files"]  # the folder's files, the export among them
+
+
+def test_forward_names_the_input_unless_an_output_has_that_name_and_input_answers_beside_the_real_name(
+        cli, tmp_path, profiles):
+    """``forward(self, output)`` returning one tensor (named ``output``): the input keeps ``input`` (the export
+    would rename one of the two; it was exit 1). A profile's ``input = [...]`` (written when every factory's input
+    was ``input``) merged with ``--input-shape x=...`` for the same input: the real name wins, no error."""
+    (tmp_path / "f.py").write_text(
+        "import torch\nclass Out(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.fc = torch.nn.Linear(16, 4)\n    def forward(self, output):\n        return self.fc(output)\n"
+        "class X(Out):\n    def forward(self, x):\n        return self.fc(x)\n"
+        "def out():\n    return Out().eval(), torch.zeros(1, 16)\n"
+        "def x():\n    return X().eval(), torch.zeros(1, 16)\n")
+    assert load_model(f"{tmp_path / 'f.py'}:out").input_names == ["input"]
+    np.savez(tmp_path / "c.npz", input=np.random.default_rng(0).random((16, 16), dtype=np.float32))
+    result = cli("compress", f"{tmp_path / 'f.py'}:out", "--calib", tmp_path / "c.npz", "--out", tmp_path / "o1",
+                 "--format", "onnx", "--quiet")
+    assert result.exit_code == 0, result.output
+    profiles("old", 'extends = "generic-x86-avx2-2core"\ndescription = "a profile from before"\n\n[model]\n'
+                    "input_shapes = { input = [1, 16] }\n")
+    result = cli("compress", f"{tmp_path / 'f.py'}:x", "--calib", tmp_path / "c.npz", "--out", tmp_path / "o2",
+                 "--format", "openvino", "--target", "old", "--input-shape", "x=1,16", "--quiet",
+                 "--validate-runs", 5, "--validate-seconds", 0)
+    assert result.exit_code in (0, 4), result.output  # 4: the generic profile's budgets on a busy host
+    assert "unknown input" not in result.output

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgeopt.device.runtime import one_input_alias
 from edgeopt.device.task_metric import MetricCheck, MetricSpec, MetricValues, call_metric
 from edgeopt.errors import BadInputError, first_line
 
@@ -212,10 +213,19 @@ def session_predict(session, golden: GoldenSet):
     """A runtime session's ``infer`` with its outputs in the golden set's order: by name where the model names
     them alike, else by position."""
     names, wanted = [spec.name for spec in session.outputs], golden.output_names
+    inputs = [spec.name for spec in session.inputs]
+
+    def infer(feeds: dict) -> list:
+        feeds = one_input_alias(inputs, feeds)  # a set made when a factory's single input was named "input"
+        if set(feeds) != set(inputs):
+            raise BadInputError(f"golden set {golden.root}: its inputs are {', '.join(sorted(feeds))}, the "
+                                f"model's {', '.join(inputs)}")
+        return session.infer(feeds)
+
     if not set(wanted) <= set(names):
-        return session.infer
+        return infer
     order = [names.index(n) for n in wanted]
-    return lambda feeds: [outs[i] for outs in [session.infer(feeds)] for i in order]
+    return lambda feeds: [outs[i] for outs in [infer(feeds)] for i in order]
 
 
 def _errors(output: np.ndarray, reference: np.ndarray) -> tuple[float, float]:

@@ -20,11 +20,16 @@ PRECISIONS = ("f32", "bf16", "f16")
 RECORDED_SHAPES = "edgeopt.input_shapes"  # ONNX metadata: the sizes edgeopt calibrated a dynamic input at
 
 
+SINGLE_INPUT = "input"  # a PyTorch model's single input where forward() names none; once, every factory's
+
+
 def one_input_alias(names: list[str], given: dict) -> dict:
-    """``given`` (values by input name) with ``input`` read as a one-input model's input, whatever it is named:
-    the name edgeopt gave a PyTorch factory's single tensor before it took ``forward()``'s."""
-    if len(names) == 1 and set(given) == {"input"}:
-        return {names[0]: given["input"]}
+    """``given`` (values by input name) with ``SINGLE_INPUT`` read as a one-input model's input, whatever it is
+    named (the name edgeopt gave every PyTorch factory's single tensor before it took ``forward()``'s); where
+    ``given`` names the input itself too (a profile's ``input`` merged with ``--input-shape x=...``), that wins."""
+    if len(names) == 1 and SINGLE_INPUT in given and names[0] != SINGLE_INPUT:
+        rest = {name: value for name, value in given.items() if name != SINGLE_INPUT}
+        return {names[0]: given[SINGLE_INPUT], **rest}
     return given
 
 
