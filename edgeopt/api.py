@@ -41,10 +41,9 @@ def validate(artifact: str | Path, target: Target | str | Path, *, measuring: Me
     profile = as_target(target)
     golden_set = load_golden(golden) if golden is not None else None  # a bad golden set fails before measuring
     model = model_in(artifact, profile.settings.runtime)
-    report = validate_on(profile, model, measuring=measuring, input_shapes=input_shapes)
     failure = gate_failure(Path(artifact), model)
-    if failure is not None:
-        report = replace(report, notes=[*report.notes, failure])
+    report = replace(validate_on(profile, model, measuring=measuring, input_shapes=input_shapes),
+                     compress_gate=failure)
     if golden_set is None:
         return report
     from edgeopt.golden import check_golden

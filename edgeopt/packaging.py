@@ -288,8 +288,11 @@ def _failed_gate(compress_report: dict | None, models: list[Path]) -> Path | Non
 
 def gate_failure(artifact: Path, model: Path) -> str | None:
     """Why the ``edgeopt compress`` run that wrote ``model`` (``artifact``: its folder, or the file itself) refused
-    it at its quality gate, or None (it passed, was not gated, or edgeopt did not write it)."""
-    compress_report, path = _compress_report(artifact)
+    it at its quality gate, or None (it passed, was not gated, or no readable compress report says so)."""
+    try:
+        compress_report, path = _compress_report(artifact)
+    except BadInputError:  # another tool's report.json, or an optimize folder whose cache entry is gone
+        return None
     if _failed_gate(compress_report, [model]) is None:
         return None
     return f"{model.name} failed its quality gate when edgeopt compress wrote it ({path})"

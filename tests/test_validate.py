@@ -245,4 +245,17 @@ def test_validate_exits_3_for_a_compress_folder_whose_quality_gate_failed(cli, l
     assert result.exit_code == 3, result.output
     assert "model.xml failed its quality gate when edgeopt compress wrote it" in result.output
     assert "p50_ms" in result.output  # the budgets were still measured and shown
-    assert any("failed its quality gate" in note for note in json.loads(json_path.read_text())["notes"])
+    assert "failed its quality gate" in json.loads(json_path.read_text())["compress_gate"]
+
+
+def test_validate_takes_a_folder_whose_report_json_is_not_edgeopts(cli, loose_profiles, tiny_onnx, tmp_path):
+    """Another tool's report.json beside the model says nothing about a compress quality gate: validate measures
+    as before (it exited 2, "not a compress report")."""
+    import shutil
+
+    folder = tmp_path / "theirs"
+    folder.mkdir()
+    shutil.copy(tiny_onnx, folder / "model.onnx")
+    (folder / "report.json").write_text('{"tool": "other"}')
+    result = cli("validate", folder, "--target", "loose-ort", "--runs", 10, "--warmup", 1, "--min-seconds", 0)
+    assert result.exit_code == 0, result.output

@@ -49,17 +49,17 @@ def validate(artifact, target, device_spec, import_path, require_device, runs, w
     a budget fails, 2 on bad input, 5 when no device figures could be had (device
     unreachable, lost or unusable; or --require-device and only emulated figures).
     """
+    from dataclasses import replace
     from pathlib import Path
 
     from edgeopt.api import validate as run_validate
     from edgeopt.device.reports import write_json, write_junit
-    from edgeopt.errors import BadInputError, QualityGateError
+    from edgeopt.errors import BadInputError
     from edgeopt.packaging import gate_failure
     from edgeopt.reporting.console import print_validation
     from edgeopt.source import parse_input_shapes
     from edgeopt.targets import Measuring, load_target, model_in
 
-    failure = None  # the compress run's quality gate, for an artifact validated here
 
     guard_outputs(None, False, json_out=json_out, junit_out=junit_out)
     if device_spec and import_path:
@@ -86,15 +86,15 @@ def validate(artifact, target, device_spec, import_path, require_device, runs, w
             raise BadInputError(f"{device_spec}: an ssh:// device needs --target (the profile it is an instance of)")
         profile = load_target(target or device.profile)
         model = artifact if artifact.endswith(".tar.gz") else model_in(artifact, profile.settings.runtime)
-        report = measure(device, profile, model, runs=runs, warmup=warmup, min_seconds=min_seconds,
-                         input_shapes=shapes).report
+        failure = None if artifact.endswith(".tar.gz") else gate_failure(Path(artifact), model)
+        report = replace(measure(device, profile, model, runs=runs, warmup=warmup, min_seconds=min_seconds,
+                                 input_shapes=shapes).report, compress_gate=failure)
     else:
         if target is None:
             raise BadInputError("validate needs --target (or --device, or --import)")
         profile = load_target(target)
         report = run_validate(artifact, profile, measuring=Measuring(runs, warmup, min_seconds), input_shapes=shapes,
                               golden=golden, metric=spec)
-        failure = gate_failure(Path(artifact), model_in(artifact, profile.settings.runtime))
     if json_out:
         write_json(report, json_out)
     if junit_out:
@@ -102,8 +102,6 @@ def validate(artifact, target, device_spec, import_path, require_device, runs, w
     if not quiet and json_out != "-":
         print_validation(report)
     raise_if_regressed([report])
-    if failure is not None:
-        raise QualityGateError(failure)
     if require_device:
         raise_if_not_device([report])
     raise_if_failed([report])
@@ -143,11 +141,13 @@ def raise_if_not_device(reports) -> None:
 
 
 def raise_if_regressed(reports) -> None:
-    """Exit 3 when an artifact regressed against its golden set."""
+    """Exit 3 when an artifact regressed against its golden set, or failed the quality gate of the edgeopt
+    compress run that wrote it."""
     from edgeopt.device.golden import golden_message
     from edgeopt.errors import QualityGateError
 
     failed = [golden_message(r.golden) for r in reports if r.golden is not None and not r.golden["passed"]]
+    failed += [r.compress_gate for r in reports if r.compress_gate is not None]
     if failed:
         raise QualityGateError("quality regression: " + " | ".join(failed))
 

@@ -54,6 +54,7 @@ class ValidationReport:
     timings_ms: tuple[float, ...] = ()  # every timed inference, in order (for histograms)
     runtime_latency: LatencyStats | None = None  # OpenVINO's own per-request time, without the Python call
     golden: dict | None = None  # the artifact against a golden set (GoldenResult.describe()), when checked
+    compress_gate: str | None = None  # why the edgeopt compress run that wrote it refused it, when it did
 
     @property
     def artifact_bytes(self) -> int:
@@ -118,6 +119,7 @@ class ValidationReport:
             "notes": self.notes,
             "timings_ms": list(self.timings_ms),
             **({"golden": self.golden} if self.golden is not None else {}),
+            **({"compress_gate": self.compress_gate} if self.compress_gate is not None else {}),
         }
 
     @classmethod
@@ -139,7 +141,7 @@ class ValidationReport:
             target=data["target"], budgets=Budgets.from_dict(data["budgets"]),
             timings_ms=tuple(data["timings_ms"]),
             runtime_latency=LatencyStats(**data["runtime_latency_ms"]) if data["runtime_latency_ms"] else None,
-            golden=data.get("golden"),
+            golden=data.get("golden"), compress_gate=data.get("compress_gate"),
         )
 
 

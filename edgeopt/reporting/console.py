@@ -143,7 +143,7 @@ def print_output_fidelity(result, out: Console) -> None:
         gated = {f.output for f in result.gate.gated(quality)}
         for fidelity in quality.outputs:
             agreement = "-" if fidelity.top1_agreement is None else f"{fidelity.top1_agreement * 100:.2f}%"
-            table.add_row(name, fidelity.output, "yes" if fidelity.output in gated else "no",
+            table.add_row(name, escape(fidelity.output), "yes" if fidelity.output in gated else "no",
                           f"{fidelity.cosine:.5f}", f"{fidelity.max_abs_error:.4g}", f"{fidelity.mean_abs_error:.4g}",
                           agreement)
     Console(highlight=False, width=max(out.width, 110)).print(table)  # output names: never squeeze into 80
@@ -184,7 +184,7 @@ _VERDICT_STYLES = {"PASS": "[green]{}[/green]", "FAIL": "[bold red]{}[/bold red]
 def print_validation(report) -> None:
     """The budget table (budget, measured, margin, PASS/FAIL) and how the figures were measured."""
     out = console()
-    title = f"{report.artifact} on {report.target or 'budgets'}"
+    title = escape(f"{report.artifact} on {report.target or 'budgets'}")
     table = Table(title=title)
     for column in ("budget", "limit", "measured", "margin", "verdict"):
         table.add_column(column, justify="left" if column in ("budget", "verdict") else "right")
@@ -211,6 +211,8 @@ def print_validation(report) -> None:
               else escape(f"measured on the device itself ({report.host['cpu_model']})"))
     for note in report.notes:
         out.print(escape(f"note: {note}"))
+    if report.compress_gate is not None:
+        out.print(f"[bold red]quality: {escape(report.compress_gate)}[/bold red]")
     if report.golden is not None:
         print_golden(report.golden)
 
@@ -223,7 +225,8 @@ def print_golden(result: dict) -> None:
     verdict = "[green]PASS[/green]" if result["passed"] else "[bold red]FAIL[/bold red]"
     outputs = ", ".join(f"{o['name']} cosine {o['cosine']:.5f} (min {o['tolerance']['min_cosine']})"
                         for o in result["outputs"])
-    out.print(f"golden set {result['golden']} ({result['samples']} samples): {verdict} · {outputs}")
+    out.print(f"golden set {escape(str(result['golden']))} ({result['samples']} samples): {verdict} · "
+              f"{escape(outputs)}")
     metric = result.get("metric")
     if metric is not None:
         out.print(f"  metric {metric['primary']}: {metric['value']:.6g} vs {metric['reference']:.6g}, drop "
@@ -262,7 +265,7 @@ def print_optimize_result(report: dict, out: Path) -> None:
             measured = [value for key, value in section.body if key.startswith("measured with")]
             printer.print(f"measured with: {measured[0]}" if measured else "nothing was measured")
     files = ", ".join(report.get("chosen_files", ["no artifact (none passed)"]))
-    printer.print(f"written to {out}: {files}, report.md, report.html, report.json")
+    printer.print(escape(f"written to {out}: {files}, report.md, report.html, report.json"))
 
 
 class SearchProgress:
