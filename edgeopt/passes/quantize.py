@@ -71,9 +71,9 @@ class Int8Config(StepConfig):
 @register("int8", Int8Config, stage=GRAPH, formats=("openvino", "onnx"), sets_precision=True,
           summary="INT8 post-training quantization of weights and activations (nncf.quantize)")
 def int8(model: WorkingModel, ctx: PassContext, config: Int8Config) -> None:
-    onnx_names = _onnx_node_names(model)
-    by_pattern = _matching(config.ignored_patterns or [], model.ov_model, onnx_names)
-    ov_scope = _scope_in_openvino(model.ov_model, config.ignored_scope or [], set(onnx_names))
+    onnx_nodes = _onnx_nodes(model)
+    by_pattern = _matching(config.ignored_patterns or [], model.ov_model, onnx_nodes)
+    ov_scope = _scope_in_openvino(model.ov_model, config.ignored_scope or [], {name for name, _ in onnx_nodes})
     ov_scope = list(dict.fromkeys(ov_scope + by_pattern["openvino"]))
     quantized = quantize_openvino(model.ov_model, model.source.model_type, ctx.calibration,
                                   replace(config, ignored_scope=ov_scope or None))
@@ -82,9 +82,12 @@ def int8(model: WorkingModel, ctx: PassContext, config: Int8Config) -> None:
     model.float_weights_fp16 = True
     model.notes.append(f"int8: {quantized.note}")
     if config.ignored_patterns:
+        one_sided = [f"{p} matches no {where}" for p in config.ignored_patterns
+                     for where, fmt in (("IR operation", "openvino"), ("ONNX node", "onnx"))
+                     if not any(re.match(p, name) for name in by_pattern[fmt])]
         model.notes.append(f"int8: ignored_patterns {', '.join(config.ignored_patterns)} keep "
                            f"{len(by_pattern['openvino'])} IR operation(s) and {len(by_pattern['onnx'])} ONNX "
-                           f"node(s) in float")
+                           f"node(s) in float" + (f" ({'; '.join(one_sided)})" if one_sided else ""))
     model.decisions["int8"] = {"preset": quantized.preset.describe()}
     if "onnx" in model.graphs:
         onnx_options = {k: v for k, v in quantized.kwargs.items() if k not in ("subset_size", "ignored_scope")}
@@ -124,20 +127,21 @@ def _scope_in_openvino(ov_model, names: list[str], onnx_names: set[str]) -> list
     return list(dict.fromkeys(resolved))
 
 
-def _onnx_node_names(model: WorkingModel) -> list[str]:
-    """The node names of the model's ONNX graph (the working one, else an ONNX source file's), in its order."""
+def _onnx_nodes(model: WorkingModel) -> list[tuple[str, str]]:
+    """The (name, op type) of each node of the model's ONNX graph (the working one, else an ONNX source file's),
+    in its order."""
     graph = model.graphs.get("onnx")
     if graph is None and model.source.kind == "onnx":
         import onnx
 
         graph = onnx.load(str(model.source.path), load_external_data=False)
-    return [node.name for node in graph.graph.node] if graph is not None else []
+    return [(node.name, node.op_type) for node in graph.graph.node] if graph is not None else []
 
 
-def _matching(patterns: list[str], ov_model, onnx_names: list[str]) -> dict[str, list[str]]:
+def _matching(patterns: list[str], ov_model, onnx_nodes: list[tuple[str, str]]) -> dict[str, list[str]]:
     """By format, the operations ``patterns`` match (``re.match``, as NNCF's ``IgnoredScope`` does): the IR's
-    computing operations (not its constants, parameters and results) and the ONNX graph's nodes. A pattern that
-    is no regular expression, or matches nothing in either, is refused."""
+    and the ONNX graph's computing operations (not constants, parameters and results). A pattern that is no
+    regular expression, or matches nothing in either, is refused."""
     compiled = []
     for pattern in patterns:
         try:
@@ -146,6 +150,7 @@ def _matching(patterns: list[str], ov_model, onnx_names: list[str]) -> dict[str,
             raise BadInputError(f"int8 ignored_patterns: {pattern!r} is not a regular expression ({exc})") from None
     plumbing = ("Constant", "Parameter", "Result")
     ops = [op.get_friendly_name() for op in ov_model.get_ops() if op.get_type_name() not in plumbing]
+    onnx_names = [name for name, op_type in onnx_nodes if op_type not in plumbing]
     found = {"openvino": [n for n in ops if any(p.match(n) for p in compiled)],
              "onnx": [n for n in onnx_names if any(p.match(n) for p in compiled)]}
     idle = [p.pattern for p in compiled if not any(p.match(n) for n in (*ops, *onnx_names))]

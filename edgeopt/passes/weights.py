@@ -182,7 +182,7 @@ def per_axis_scales(model) -> list[str]:
     ``[out, 1, 1]`` (per output channel, one axis short; for a 1-channel Conv ``[1, 1, 1]``, which is a scalar
     here). Requantized from the values NNCF stored, per channel
     on the DequantizeLinear's axis, in its type (uint8 with zero points for asymmetric modes, int8 symmetric
-    otherwise). Return the weights' names."""
+    otherwise). Return the names of the weights requantized."""
     import numpy as np
     from onnx import helper, numpy_helper
 
@@ -200,8 +200,7 @@ def per_axis_scales(model) -> list[str]:
             for name in node.input[1:3]:
                 if name in inits:
                     inits[name].CopyFrom(numpy_helper.from_array(numpy_helper.to_array(inits[name]).reshape(()), name))
-            redone.append(node.input[0])
-            continue
+            continue  # the same values, reshaped: nothing requantized
         if scale.size == 1 or (scale.ndim == 1 and scale.shape[0] == stored.shape[axis]):
             continue  # per tensor or per axis: what ONNX Runtime takes
         zero = (numpy_helper.to_array(inits[node.input[2]]).astype(np.float32)
