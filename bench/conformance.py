@@ -483,6 +483,9 @@ def anchor(fp32_onnx: Path, samples: list[dict], out: Path) -> tuple[Path | None
 
         quantize_static(str(pre), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+        import onnxruntime as ort
+
+        ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])  # what it wrote may not load (basic-pitch)
         return out, ""
     except Exception as exc:  # the anchor's own failure is a row entry, not the bench's
         return None, str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
