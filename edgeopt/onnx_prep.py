@@ -97,6 +97,9 @@ def normalise(model, *, optimise: bool = True, feeds: dict | None = None, simpli
         model = optimised
         if fused:
             result.steps.append(fused)
+    flattened = flat_gemm_biases(model)  # also those ONNX Runtime's optimiser fused from MatMul + Add
+    if flattened:
+        result.steps.append(f"{flattened} Gemm bias(es) of shape [1, N] stored as [N] (the same sum)")
     if simplify:
         result.steps += _fold_pads_where_they_pay(model, feeds)
         result.steps += simplify_element_wise(model)
@@ -104,6 +107,30 @@ def normalise(model, *, optimise: bool = True, feeds: dict | None = None, simpli
         result.steps += [f"{what}: its declared shape dropped" for what in outputs_as_computed(model, feeds)]
     result.model = model
     return result
+
+
+def flat_gemm_biases(model) -> int:
+    """Store each Gemm's constant bias of shape ``[1, N]`` as ``[N]``, in place (Gemm's output is ``[M, N]``:
+    both broadcast alike). ONNX Runtime 1.32's quantize_static fails on the 2-D form ("The truth value of an
+    array with more than one element is ambiguous", in its int32-bias weight-scale adjustment): both of its
+    candidates failed on Magika's tf2onnx classifier. The number of biases stored so."""
+    from onnx import numpy_helper
+
+    inits = {init.name: init for init in model.graph.initializer}
+    readers: dict[str, int] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    done = 0
+    for node in model.graph.node:
+        if node.op_type != "Gemm" or len(node.input) < 3 or node.input[2] not in inits:
+            continue
+        bias = inits[node.input[2]]
+        if len(bias.dims) != 2 or bias.dims[0] != 1 or readers[node.input[2]] != 1:
+            continue
+        bias.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(bias).reshape(-1), bias.name))
+        done += 1
+    return done
 
 
 def simplify_element_wise(model) -> list[str]:
