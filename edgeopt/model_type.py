@@ -22,12 +22,15 @@ _ACTIVATIONS = {"Gelu", "FastGelu", "BiasGelu", "QuickGelu", "Relu", "LeakyRelu"
 _ARITHMETIC = {"Mul", "Div", "Add", "Multiply", "Divide"}
 _LAYOUT = {"Reshape", "Transpose", "Cast", "Convert", "Flatten", "Squeeze", "Unsqueeze"}
 _ACTIVATION_DEPTH = 4  # a spelled-out GELU: Mul(Mul(x, Add(Erf(Div(x)), 1)), 0.5)
+_STATISTIC_DEPTH = 10  # ops from a normalisation's Sqrt up to its reduction: flax's variance as E[x^2] - E[x]^2,
+# clamped, plus epsilon, broadcast (Sqrt <- Broadcast <- Add <- Reshape <- Maximum <- Subtract <- Multiply <- ReduceSum)
 
 
 @dataclass(frozen=True)
 class ModelType:
     name: str  # TRANSFORMER | DEFAULT
     reason: str
+    normalisations: int = 0  # a default model's normalisations by a computed statistic (computed_normalisations)
 
     @property
     def is_transformer(self) -> bool:
@@ -51,7 +54,27 @@ def detect_model_type(source_hint: str | None = None, ov_model=None, onnx_model=
                   _onnx_attention(onnx_model) if onnx_model is not None else None):
         if found:
             return ModelType(TRANSFORMER, found)
-    return ModelType(DEFAULT, "no attention in the graph")
+    normalising = computed_normalisations(ov_model) if ov_model is not None else 0
+    return ModelType(DEFAULT, "no attention in the graph" + (
+        f"; {normalising} normalisation(s) by a computed statistic (LayerNorm/RMSNorm, fused or written out), "
+        f"which NNCF quantizes as a CNN's ops unless model_type = \"transformer\"" if normalising else ""),
+        normalising)
+
+
+def computed_normalisations(ov_model) -> int:
+    """The activations divided by a statistic computed from them: OpenVINO's ``MVN`` (a LayerNorm it fused), and
+    a ``Sqrt`` of a reduction that a ``Divide`` uses (a LayerNorm or RMSNorm written out, as JAX/flax exports by
+    tf2onnx are: Magika's file-type classifier). NNCF quantizes them as any CNN op unless told the model is a
+    transformer; on Magika the default INT8 read cosine 0.956, ``model_type = "transformer"`` 0.9999."""
+    def divides(node) -> bool:
+        return any(i.get_node().get_type_name() == "Divide" for o in node.outputs() for i in o.get_target_inputs())
+
+    def reduced(node) -> bool:
+        return _walk(node, lambda n: [v.get_node() for v in n.input_values()],
+                     lambda n: n.get_type_name() in ("ReduceMean", "ReduceSum"), _STATISTIC_DEPTH)
+
+    return sum(1 for op in ov_model.get_ops() if op.get_type_name() == "MVN"
+               or (op.get_type_name() == "Sqrt" and divides(op) and reduced(op)))
 
 
 def _openvino_attention(model) -> str | None:
@@ -113,10 +136,10 @@ def _onnx_is_constant(name: str, constants: set[str], producer: dict) -> bool:
     return name in constants
 
 
-def _walk(start, neighbours, found) -> bool:
-    """Whether ``found`` holds for a node within ``_PASS_THROUGH_DEPTH`` steps of ``start`` (breadth first)."""
+def _walk(start, neighbours, found, depth: int = _PASS_THROUGH_DEPTH) -> bool:
+    """Whether ``found`` holds for a node within ``depth`` steps of ``start`` (breadth first)."""
     frontier, seen = [start], set()
-    for _ in range(_PASS_THROUGH_DEPTH):
+    for _ in range(depth):
         next_frontier = []
         for node in frontier:
             for neighbour in neighbours(node):

@@ -183,3 +183,32 @@ def test_a_handful_of_calibration_samples_is_said_to_be_few(calibration):
     assert "subset=4 samples (few: activation ranges from fewer than 16 samples are noisy" in few.note
     enough = quantize_openvino(_openvino(Block(nn.ReLU())), None, calibration, Int8Config())
     assert "subset=32 samples, model_type" in enough.note
+
+
+class FlaxNorm(nn.Module):
+    """A Linear, then a LayerNorm written out as flax exports it (variance as E[x^2] - E[x]^2, clamped at 0, plus
+    epsilon, divided by its square root), then a Linear: Magika's file-type classifier's layout, no attention."""
+
+    def __init__(self):
+        super().__init__()
+        self.mix, self.head = nn.Linear(16, 32), nn.Linear(32, 4)
+
+    def forward(self, x):
+        h = self.mix(x)
+        mean = h.sum(-1, keepdim=True) * (1 / 32)
+        variance = torch.clamp(((h * h).sum(-1, keepdim=True) * (1 / 32)) - mean * mean, min=0.0)
+        return self.head((h - mean) / torch.sqrt(variance + 1e-6))
+
+
+def test_a_layernorm_written_out_is_seen_named_in_the_note_and_tried_as_a_transformer_by_repair():
+    """Magika's INT8 read cosine 0.956 as a default model and 0.9999 with model_type = "transformer": a default
+    model's normalisations by a computed statistic are counted, said in the model type's reason, and give the
+    repair ladder its model_type rung (which only MatMuls of two activations gave)."""
+    from edgeopt.model_type import detect_model_type
+
+    kind = detect_model_type(None, _openvino(FlaxNorm(), (1, 16)))
+    assert kind.name == "default" and kind.normalisations == 1, kind
+    assert "1 normalisation(s) by a computed statistic" in kind.reason
+    assert dict(_ladder(_openvino(FlaxNorm(), (1, 16)), None))["model_type"] == {"model_type": "transformer",
+                                                                                  "preset": "auto"}
+    assert detect_model_type(None, _openvino(Block(nn.ReLU()))).normalisations == 0

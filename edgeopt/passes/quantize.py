@@ -88,7 +88,8 @@ def int8(model: WorkingModel, ctx: PassContext, config: Int8Config) -> None:
         model.notes.append(f"int8: ignored_patterns {', '.join(config.ignored_patterns)} keep "
                            f"{len(by_pattern['openvino'])} IR operation(s) and {len(by_pattern['onnx'])} ONNX "
                            f"node(s) in float" + (f" ({'; '.join(one_sided)})" if one_sided else ""))
-    model.decisions["int8"] = {"preset": quantized.preset.describe()}
+    model.decisions["int8"] = {"preset": quantized.preset.describe(), "model_type": quantized.kind.name,
+                               "normalisations": quantized.kind.normalisations}
     if "onnx" in model.graphs:
         onnx_options = {k: v for k, v in quantized.kwargs.items() if k not in ("subset_size", "ignored_scope")}
         picked = quantize_onnx(model.graphs["onnx"], ctx.calibration, subset_size=quantized.kwargs["subset_size"],
@@ -185,6 +186,7 @@ class Quantized:
     ffn_down_float: bool  # the FFN down-projections were kept in float (``Int8Config.ffn_down_float``)
     smooth_quant_alpha: float | None = None  # the alpha used on MatMul inputs (transformers; -1: off), chosen or set
     preset: PresetChoice | None = None  # the preset used and why (edgeopt.presets)
+    kind: ModelType | None = None  # the model type NNCF was given, and why
 
 
 def quantize_openvino(ov_model, source_model_type: str | None, calibration, config: Int8Config, *,
@@ -266,7 +268,7 @@ def quantize_openvino(ov_model, source_model_type: str | None, calibration, conf
     note = (f"preset={preset.note()}, subset={kwargs['subset_size']} samples{few}, model_type={kind.describe()}"
             f"{smooth_quant}{kept}")
     return Quantized(quantized, kwargs, note, transformer, ffn_down_float,
-                     smooth_quant_alpha if transformer else None, preset)
+                     smooth_quant_alpha if transformer else None, preset, kind)
 
 
 def compress_quantized_weights(ov_model) -> None:

@@ -5,7 +5,8 @@ gate on the evaluation set (``edgeopt.judge``, the measures the pipeline's gate 
 
 1. ``int8``: the plain step (model type recognised from the source or graph, the preset ``auto`` gives it:
    ``edgeopt.presets``; a preset or SmoothQuant alpha it chose by measurement is pinned for the later rungs);
-2. ``model_type``: a graph with MatMuls not recognised as a transformer is tried as one (SmoothQuant, MIXED);
+2. ``model_type``: a graph not recognised as a transformer, with MatMuls of two activations or a normalisation by
+   a computed statistic (``edgeopt.model_type.computed_normalisations``), is tried as one (SmoothQuant, MIXED);
 3. ``smooth_quant``: a transformer with SmoothQuant alpha 0.5 (besides the int8 step's 0.95 / off);
 4. ``bias_correction``: full bias correction instead of the fast one;
 5. ``preset``: MIXED (asymmetric activations), when ``auto`` did not try it (``edgeopt.presets``);
@@ -37,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 
 from edgeopt.evaluate import QualityGate
 from edgeopt.judge import Judge, Verdict
-from edgeopt.model_type import TRANSFORMER, detect_model_type
+from edgeopt.model_type import TRANSFORMER, computed_normalisations, detect_model_type
 from edgeopt.passes.base import PassContext, WorkingModel
 from edgeopt.passes.config import StepConfig, number
 from edgeopt.passes.quantize import Int8Config, Quantized, compress_quantized_weights, quantize_openvino
@@ -241,7 +242,8 @@ def _ladder(ov_model, source_model_type: str | None) -> list[tuple[str, dict]]:
     """The rungs that apply to this model, as changes to the int8 step's parameters."""
     transformer = detect_model_type(source_model_type, ov_model).name == TRANSFORMER
     rungs = [("int8", {})]
-    if not transformer and any(_activation_matmul(op) for op in ov_model.get_ops()):
+    if not transformer and (any(_activation_matmul(op) for op in ov_model.get_ops())
+                            or computed_normalisations(ov_model)):
         rungs.append(("model_type", {"model_type": "transformer", "preset": "auto"}))  # not a CNN's pinned preset
     if transformer:
         rungs.append(("smooth_quant", {"smooth_quant_alpha": SMOOTH_QUANT_ALPHA}))
