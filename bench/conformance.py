@@ -170,6 +170,10 @@ CORPUS = [
     Entry("magika", "file-type classifier (one-hot bytes, Conv, LayerNorm and GELU written out; trained)",
           "onnx file (tf2onnx 1.16 from JAX, opset 15, int32 input)",
           "wheels/magika/models/standard_v3_3/model.onnx", trained=True, file_bytes=True),
+    Entry("magika-tr", "magika with int8 model_type=transformer (its LayerNorms kept float: the failed gate's hint)",
+          "onnx file (tf2onnx 1.16 from JAX, opset 15, int32 input)",
+          "wheels/magika/models/standard_v3_3/model.onnx", trained=True, file_bytes=True,
+          recipe='[[step]]\nname = "int8"\nmodel_type = "transformer"\n'),
     Entry("lstm-stateful", "LSTM (h, c) in/out, int64 ids, 3 outputs", "pytorch factory", factory("stateful_lstm"),
           fast=True),
 ]
