@@ -56,8 +56,9 @@ def detect_model_type(source_hint: str | None = None, ov_model=None, onnx_model=
             return ModelType(TRANSFORMER, found)
     normalising = computed_normalisations(ov_model) if ov_model is not None else 0
     return ModelType(DEFAULT, "no attention in the graph" + (
-        f"; {normalising} normalisation(s) by a computed statistic (LayerNorm/RMSNorm, fused or written out), "
-        f"which NNCF quantizes as a CNN's ops unless model_type = \"transformer\"" if normalising else ""),
+        f"; {normalising} normalisation(s) by a computed statistic (a LayerNorm, RMSNorm, instance or L2 norm, "
+        f"fused or written out), which NNCF quantizes as a CNN's ops unless model_type = \"transformer\""
+        if normalising else ""),
         normalising)
 
 
@@ -65,7 +66,9 @@ def computed_normalisations(ov_model) -> int:
     """The activations divided by a statistic computed from them: OpenVINO's ``MVN`` (a LayerNorm it fused), and
     a ``Sqrt`` of a reduction that a ``Divide`` uses (a LayerNorm or RMSNorm written out, as JAX/flax exports by
     tf2onnx are: Magika's file-type classifier). NNCF quantizes them as any CNN op unless told the model is a
-    transformer; on Magika the default INT8 read cosine 0.956, ``model_type = "transformer"`` 0.9999."""
+    transformer; on Magika the default INT8 read cosine 0.956, ``model_type = "transformer"`` 0.9999. Instance
+    and L2 norms count too: the count only words the note, gives ``--repair`` its model_type rung (which is
+    measured like any rung) and the failed gate's hint; it changes no default."""
     def divides(node) -> bool:
         return any(i.get_node().get_type_name() == "Divide" for o in node.outputs() for i in o.get_target_inputs())
 

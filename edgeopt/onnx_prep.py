@@ -117,16 +117,23 @@ def flat_gemm_biases(model) -> int:
     from onnx import numpy_helper
 
     inits = {init.name: init for init in model.graph.initializer}
-    readers: dict[str, int] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            readers[name] = readers.get(name, 0) + 1
+    readers: dict[str, int] = {value.name: 1 for value in (*model.graph.output, *model.graph.value_info)}
+
+    def count(graph) -> None:  # subgraphs read outer names too
+        for node in graph.node:
+            for name in node.input:
+                readers[name] = readers.get(name, 0) + 1
+            for attr in node.attribute:
+                for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                    count(sub)
+
+    count(model.graph)
     done = 0
     for node in model.graph.node:
         if node.op_type != "Gemm" or len(node.input) < 3 or node.input[2] not in inits:
             continue
         bias = inits[node.input[2]]
-        if len(bias.dims) != 2 or bias.dims[0] != 1 or readers[node.input[2]] != 1:
+        if len(bias.dims) != 2 or bias.dims[0] != 1 or readers[node.input[2]] != 1:  # this Gemm's alone
             continue
         bias.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(bias).reshape(-1), bias.name))
         done += 1

@@ -689,3 +689,23 @@ def test_a_gemm_bias_of_shape_1_n_is_stored_flat_so_quantize_static_takes_it():
     got, = ort.InferenceSession(quantized.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     want, = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+
+
+def test_a_gemm_bias_another_reader_sees_keeps_its_shape():
+    """Only a bias that Gemm alone reads is flattened: one that is also a graph output (or read by another node,
+    or inside a subgraph) keeps ``[1, N]``, which those readers see."""
+    from edgeopt.onnx_prep import flat_gemm_biases
+
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.standard_normal((16, 8)).astype(np.float32), "w")
+    bias = numpy_helper.from_array(rng.standard_normal((1, 8)).astype(np.float32), "b")
+    graph = helper.make_graph([helper.make_node("Gemm", ["x", "w", "b"], ["y"], name="gemm"),
+                               helper.make_node("Identity", ["b"], ["b_out"], name="also")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8]),
+                               helper.make_tensor_value_info("b_out", TensorProto.FLOAT, [1, 8])], [weight, bias])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    assert flat_gemm_biases(model) == 0 and list(model.graph.initializer[1].dims) == [1, 8]
+    del model.graph.node[1]
+    del model.graph.output[1]
+    assert flat_gemm_biases(model) == 1 and list(model.graph.initializer[1].dims) == [8]

@@ -105,9 +105,9 @@ def compress(model, calibration, out, formats, precision, recipe, eval_data, max
         hint = ("; --repair tries cheaper fixes, then keeps the most sensitive operations float (OpenVINO IR)"
                 if int8_ir and eval_data and not repair else "")
         normalising = (result.decisions.get("int8") or {}).get("normalisations")
-        if normalising:
+        if normalising and "int8" in result.recipe.names:
             hint += (f"; a recipe's int8 step with model_type = \"transformer\" keeps the model's {normalising} "
-                     f"normalisation(s) by a computed statistic (LayerNorm written out) float")
+                     f"normalisation(s) by a computed statistic float")
         if int8_ir:
             hint += "; --weights int8_asym stores int8 weights and computes in float (about 4x smaller, near-lossless)"
         rescue = (result.decisions.get("onnx_int8") or {}).get("rescue") if "onnx" in failing else None
