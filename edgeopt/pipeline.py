@@ -198,10 +198,12 @@ def compress_recipe(model: str | Path, calibration: str | Path, recipe: Recipe, 
     gate = with_metric(gate or QualityGate(), recipe, profile)
     golden_set = load_golden(golden) if golden is not None else None
     shapes = {**(profile.input_shapes if profile else {}), **(input_shapes or {})}
+    shapes_from = profile.input_shapes_from(input_shapes) if profile else "--input-shape"
     scratch = tempfile.TemporaryDirectory(prefix="edgeopt-pinned-")  # the folded model, when inputs are pinned
     try:
         return _compress_loaded(model, calibration, recipe, out=out, profile=profile, formats=formats,
-                                left_out=left_out, eval_data=eval_data, gate=gate, shapes=shapes, seed=seed,
+                                left_out=left_out, eval_data=eval_data, gate=gate, shapes=shapes,
+                                shapes_from=shapes_from, seed=seed,
                                 eval_settings=eval_settings, train_data=train_data, step_report=step_report,
                                 quiet=quiet, measuring=measuring, batch_axes=batch_axes, task=task,
                                 golden_set=golden_set, timer=timer, scratch=Path(scratch.name))
@@ -210,13 +212,15 @@ def compress_recipe(model: str | Path, calibration: str | Path, recipe: Recipe, 
 
 
 def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target | None, formats: tuple[str, ...],
-                     left_out: str | None, eval_data, gate: QualityGate, shapes: dict, seed: int,
+                     left_out: str | None, eval_data, gate: QualityGate, shapes: dict, shapes_from: str,
+                     seed: int,
                      eval_settings: RuntimeSettings, train_data, step_report: bool | None, quiet: bool,
                      measuring: Measuring | None, batch_axes: dict | None, task: str | None,
                      golden_set: GoldenSet | None, timer: "_Timer", scratch: Path) -> CompressResult:
     with timer("load"):
         axes = {**(getattr(profile, "batch_axes", None) or {}), **(batch_axes or {})}
-        source = load_model(model, shapes, axes, task, data_shapes=functools.partial(sample_shapes, calibration))
+        source = load_model(model, shapes, axes, task, data_shapes=functools.partial(sample_shapes, calibration),
+                            shapes_from=shapes_from)
         _check_gated_outputs(source, gate)
         if recipe.sets_precision:
             _check_not_quantized(source)

@@ -9,6 +9,7 @@ A model spec is a path; ``file.py:factory`` names a Python function returning ``
 
 from __future__ import annotations
 
+import functools
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -159,12 +160,14 @@ def fixed_dim(name: str, axis: int, size: int) -> str:
 
 def load_model(spec: str | Path, input_shapes: dict[str, tuple[int, ...]] | None = None,
                batch_axes: dict[str, int | None] | None = None, task: str | None = None,
-               data_shapes: Callable[[list[TensorSpec]], dict] | None = None) -> SourceModel:
+               data_shapes: Callable[[list[TensorSpec]], dict] | None = None,
+               shapes_from: str = "--input-shape") -> SourceModel:
     """Load ``spec`` and resolve static input specs; every failure is a one-line ``BadInputError``.
 
     ``batch_axes`` overrides the batch axis read off the model, by input name; ``task`` picks the head of a
     Hugging Face model folder (``edgeopt.hf.TASKS``); ``data_shapes`` sizes an ONNX or IR file's dynamic
     dimensions that neither ``input_shapes`` nor the file gives, from the calibration data (``_resolve_shapes``).
+    ``shapes_from``: what gave ``input_shapes``, as errors name it (``Target.input_shapes_from``).
     """
     input_shapes, batch_axes = input_shapes or {}, batch_axes or {}
     text = str(spec)
@@ -178,16 +181,17 @@ def load_model(spec: str | Path, input_shapes: dict[str, tuple[int, ...]] | None
     if path.is_dir():
         from edgeopt.hf import load_hf_folder
 
-        source = load_hf_folder(path, task, input_shapes, torch_source,
-                                lambda onnx_file, shapes: _load_onnx(onnx_file, shapes, batch_axes, data_shapes))
+        source = load_hf_folder(path, task, input_shapes, functools.partial(torch_source, shapes_from=shapes_from),
+                                lambda onnx_file, shapes: _load_onnx(onnx_file, shapes, batch_axes, data_shapes,
+                                                                     shapes_from))
     elif factory:
-        source = _load_torch_factory(path, factory, input_shapes)
+        source = _load_torch_factory(path, factory, input_shapes, shapes_from)
     elif suffix == ".onnx":
-        source = _load_onnx(path, input_shapes, batch_axes, data_shapes)
+        source = _load_onnx(path, input_shapes, batch_axes, data_shapes, shapes_from)
     elif suffix == ".xml":
-        source = _load_openvino(path, input_shapes, batch_axes, data_shapes)
+        source = _load_openvino(path, input_shapes, batch_axes, data_shapes, shapes_from)
     elif suffix in TORCH_ARCHIVE_SUFFIXES:
-        source = _load_torch_archive(path, input_shapes)
+        source = _load_torch_archive(path, input_shapes, shapes_from)
     elif suffix == ".py":
         raise BadInputError(f"{path}: name the factory function too, as {path}:FUNCTION")
     else:
@@ -373,7 +377,8 @@ def _output_names(module, example_input) -> list[str]:
     return ["output"] if count == 1 else [f"output{i}" for i in range(count)]
 
 
-def _load_onnx(path: Path, input_shapes: dict, batch_axes: dict, data_shapes=None) -> SourceModel:
+def _load_onnx(path: Path, input_shapes: dict, batch_axes: dict, data_shapes=None,
+               shapes_from: str = "--input-shape") -> SourceModel:
     import onnx
 
     try:
@@ -394,12 +399,13 @@ def _load_onnx(path: Path, input_shapes: dict, batch_axes: dict, data_shapes=Non
     outputs = [value.name for value in model.graph.output]
     recorded = onnx_recorded_shapes({prop.key: prop.value for prop in model.metadata_props})
     inputs, by_data = _resolve_shapes(path, _with_batch_axes(path, specs, batch_axes), input_shapes, recorded,
-                                      data_shapes)
+                                      data_shapes, shapes_from)
     return SourceModel("onnx", path, inputs, onnx_path=path, output_names=outputs, quantized_ops=quantized_ops(model),
                        declared_inputs=specs, sized_by_data=by_data)
 
 
-def _load_openvino(path: Path, input_shapes: dict, batch_axes: dict, data_shapes=None) -> SourceModel:
+def _load_openvino(path: Path, input_shapes: dict, batch_axes: dict, data_shapes=None,
+                   shapes_from: str = "--input-shape") -> SourceModel:
     import openvino as ov
 
     if not path.with_suffix(".bin").is_file():
@@ -415,7 +421,7 @@ def _load_openvino(path: Path, input_shapes: dict, batch_axes: dict, data_shapes
         specs.append(TensorSpec(port.get_any_name(), dims, dtype, model_batch_axis([(d, None) for d in dims])))
     outputs = [port.get_any_name() if port.get_names() else f"output{i}" for i, port in enumerate(model.outputs)]
     inputs, by_data = _resolve_shapes(path, _with_batch_axes(path, specs, batch_axes), input_shapes,
-                                      openvino_recorded_shapes(model), data_shapes)
+                                      openvino_recorded_shapes(model), data_shapes, shapes_from)
     return SourceModel("openvino", path, inputs, output_names=outputs, declared_inputs=specs, sized_by_data=by_data)
 
 
@@ -423,7 +429,7 @@ FACTORY_RETURNS = "(module, example_input) or (module, example_input, dynamic_ax
 AXES_EXAMPLE = "a dict like {'input_ids': {0: 'batch', 1: 'sequence'}}"
 
 
-def _load_torch_factory(path: Path, factory: str, input_shapes: dict) -> SourceModel:
+def _load_torch_factory(path: Path, factory: str, input_shapes: dict, shapes_from: str) -> SourceModel:
     built = call(path, factory, load_function(path, factory, "model factory"))
     if not (isinstance(built, tuple) and len(built) in (2, 3)):
         raise BadInputError(f"{path}:{factory} must return {FACTORY_RETURNS}")
@@ -437,7 +443,7 @@ def _load_torch_factory(path: Path, factory: str, input_shapes: dict) -> SourceM
         raise BadInputError(f"{path}:{factory}: the third item (dynamic_axes) is a {type(axes).__name__}, not "
                             f"{AXES_EXAMPLE}")
     source = torch_source(path, module.eval() if isinstance(module, torch.nn.Module) else module, example,
-                          input_shapes)
+                          input_shapes, shapes_from=shapes_from)
     if axes is not None:
         source.declared_inputs = _declared_dynamic(f"{path}:{factory}", source.inputs, source.output_names, axes)
     return source
@@ -465,7 +471,7 @@ def _declared_dynamic(where: str, inputs: list[TensorSpec], outputs: list[str], 
             for spec in inputs]
 
 
-def _load_torch_archive(path: Path, input_shapes: dict) -> SourceModel:
+def _load_torch_archive(path: Path, input_shapes: dict, shapes_from: str) -> SourceModel:
     import torch
 
     try:
@@ -483,11 +489,11 @@ def _load_torch_archive(path: Path, input_shapes: dict) -> SourceModel:
         if not input_shapes:
             raise BadInputError(f"{path}: give the input shapes with --input-shape NAME=D1,D2,...")
         example = tuple(torch.zeros(shape) for shape in input_shapes.values())
-    return torch_source(path, module, example, input_shapes, shapes_name_inputs=True)
+    return torch_source(path, module, example, input_shapes, shapes_name_inputs=True, shapes_from=shapes_from)
 
 
 def torch_source(path: Path, module, example, input_shapes: dict, *, shapes_name_inputs: bool = False,
-                 **extra) -> SourceModel:
+                 shapes_from: str = "--input-shape", **extra) -> SourceModel:
     """A ``SourceModel`` for a torch module and its example input (``edgeopt.torch_inputs`` forms);
     ``input_shapes`` replaces the example's shapes by input name. ``shapes_name_inputs`` (an archive, whose
     inputs have no names of their own): shapes for all of them under other names name them, by position."""
@@ -506,11 +512,11 @@ def torch_source(path: Path, module, example, input_shapes: dict, *, shapes_name
         example = tuple(torch.zeros(shape, dtype=t.dtype) for shape, t in zip(input_shapes.values(), example))
     elif input_shapes:
         input_shapes = one_input_alias(names, input_shapes)
-        _check_names(path, names, input_shapes, "--input-shape")
+        _check_names(path, names, input_shapes, shapes_from)
         example = tuple(torch.zeros(input_shapes[n], dtype=t.dtype) if n in input_shapes else t
                         for n, t in zip(names, example))
     if input_shapes:
-        _check_runs(path, module, example)
+        _check_runs(path, module, example, shapes_from)
     if not all(isinstance(t, torch.Tensor) for t in example):
         raise BadInputError(f"{path}: the example input must be a tensor or a tuple of tensors")
     specs = [TensorSpec(name, tuple(t.shape), str(t.dtype).removeprefix("torch."),
@@ -540,7 +546,7 @@ def _with_batch_axes(path: Path, specs: list[TensorSpec], batch_axes: dict) -> l
     return resolved
 
 
-def _check_runs(path: Path, module, example: tuple) -> None:
+def _check_runs(path: Path, module, example: tuple, shapes_from: str) -> None:
     """Run the model once on inputs of the given shapes: a shape it cannot take is the user's to fix."""
     import torch
 
@@ -551,18 +557,18 @@ def _check_runs(path: Path, module, example: tuple) -> None:
     except Exception as exc:
         shapes = ", ".join(format_shape(tuple(t.shape)) for t in example)
         raise BadInputError(f"{path}: the model does not run on inputs of shape {shapes} "
-                            f"(check --input-shape: {first_line(exc, 160)})") from exc
+                            f"(check {shapes_from}: {first_line(exc, 160)})") from exc
 
 
 def _resolve_shapes(path: Path, specs: list[TensorSpec], input_shapes: dict, recorded: dict | None = None,
-                    data_shapes: Callable[[list[TensorSpec]], dict] | None = None
-                    ) -> tuple[list[TensorSpec], list[str]]:
+                    data_shapes: Callable[[list[TensorSpec]], dict] | None = None,
+                    shapes_from: str = "--input-shape") -> tuple[list[TensorSpec], list[str]]:
     """Each input at a static shape: the one given, else the sizes the file records (edgeopt's artifacts), else
     its declared shape with its dynamic dimensions as the calibration data's samples have them
     (``data_shapes(specs)``: input name -> one sample's shape, ``edgeopt.data.sample_shapes``), else with a dynamic
     batch axis at 1. Also the dimensions sized by the data (``x[3] = 160``)."""
     input_shapes = one_input_alias([spec.name for spec in specs], input_shapes)
-    _check_names(path, [spec.name for spec in specs], input_shapes, "--input-shape")
+    _check_names(path, [spec.name for spec in specs], input_shapes, shapes_from)
     resolved, by_data, seen = [], [], None
     for spec in specs:
         stored = tuple((recorded or {}).get(spec.name, ()))
@@ -579,7 +585,7 @@ def _resolve_shapes(path: Path, specs: list[TensorSpec], input_shapes: dict, rec
             shape = tuple(1 if axis == spec.batch_dim else d for axis, d in enumerate(shape))
         if len(shape) != len(spec.shape) or any(m is not None and m != g for m, g in zip(spec.shape, shape)):
             raise BadInputError(f"{path}: input '{spec.name}' has shape {format_shape(spec.shape)}, "
-                                f"--input-shape gives {format_shape(tuple(shape))}")
+                                f"{shapes_from} gives {format_shape(tuple(shape))}")
         if any(d is None for d in shape):
             raise BadInputError(f"{path}: input '{spec.name}' has a dynamic shape {format_shape(spec.shape)}; "
                                 f"give it with --input-shape {spec.name}=D1,D2,...")

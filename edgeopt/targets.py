@@ -105,6 +105,14 @@ class Target:
     source: Path | None = None
     extends: tuple[str, ...] = ()  # the chain of bases, nearest first
 
+    def input_shapes_from(self, given: dict | None) -> str:
+        """What gave the input shapes merged over this profile's (``given``: the command line's), as an error
+        names it: a profile's shape for an input the model lacks is not a mistake on the command line."""
+        if not self.input_shapes:
+            return "--input-shape"
+        own = f"target {self.name}'s [model] input_shapes"
+        return f"--input-shape or {own}" if given else own
+
     def is_host(self, host: HostInfo) -> bool:
         """True when ``host`` is this device: same architecture, a CPU model that matches, enough CPUs."""
         return not not_the_device(asdict(self.device), host.machine, host.cpu_model, host.usable_cpus)

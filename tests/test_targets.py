@@ -212,3 +212,18 @@ def test_a_profile_can_switch_its_base_runtime(profiles):
     both = profiles("both", 'extends = "ort"\n[runtime]\nname = "openvino"\nspinning = true\n')
     with pytest.raises(BadInputError, match="'runtime.spinning' is an ONNX Runtime setting"):
         load_target(both)
+
+
+def test_an_unknown_input_in_a_profiles_input_shapes_is_named_as_the_profiles(cli, profiles, tiny_factory, tiny_calib,
+                                                                                tmp_path):
+    """A profile's ``[model] input_shapes`` naming an input the model lacks: the error names the profile, not
+    ``--input-shape``, which the user did not give."""
+    profiles("shaped", 'extends = "generic-x86-avx2-2core"\ndescription = "for another model"\n\n[model]\n'
+                       "input_shapes = { images = [1, 3, 8, 8] }\n")
+    result = cli("compress", tiny_factory, "--calib", tiny_calib, "--target", "shaped", "--out", tmp_path / "o")
+    assert result.exit_code == 2, result.output
+    assert "target shaped's [model] input_shapes names unknown input(s) images" in result.output, result.output
+    result = cli("compress", tiny_factory, "--calib", tiny_calib, "--target", "shaped", "--input-shape", "x=1,1,8,8",
+                 "--out", tmp_path / "o2")
+    said = "--input-shape or target shaped's [model] input_shapes names unknown input(s) images"
+    assert result.exit_code == 2 and said in result.output, result.output

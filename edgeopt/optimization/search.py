@@ -156,7 +156,8 @@ def prepare(model: str, calibration: str, eval_data: str, target: Target, *, gat
 
     gate = with_metric(gate, Recipe(()), target)
     shapes = {**target.input_shapes, **(input_shapes or {})}
-    source = load_model(model, shapes, target.batch_axes, data_shapes=functools.partial(sample_shapes, calibration))
+    source = load_model(model, shapes, target.batch_axes, data_shapes=functools.partial(sample_shapes, calibration),
+                        shapes_from=target.input_shapes_from(input_shapes))
     load_samples(calibration, source.inputs, source.tokenizer)
     load_samples(eval_data, source.inputs, source.tokenizer)
     fmt = format_for_runtime(target.settings.runtime).name
