@@ -116,24 +116,15 @@ def flat_gemm_biases(model) -> int:
     candidates failed on Magika's tf2onnx classifier. The number of biases stored so."""
     from onnx import numpy_helper
 
-    inits = {init.name: init for init in model.graph.initializer}
-    readers: dict[str, int] = {value.name: 1 for value in (*model.graph.output, *model.graph.value_info)}
-
-    def count(graph) -> None:  # subgraphs read outer names too
-        for node in graph.node:
-            for name in node.input:
-                readers[name] = readers.get(name, 0) + 1
-            for attr in node.attribute:
-                for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                    count(sub)
-
-    count(model.graph)
+    graph = model.graph
+    inits = {init.name: init for init in graph.initializer}
+    readers, kept = tensor_readers(graph), kept_names(graph) | {value.name for value in graph.value_info}
     done = 0
-    for node in model.graph.node:
+    for node in graph.node:
         if node.op_type != "Gemm" or len(node.input) < 3 or node.input[2] not in inits:
             continue
         bias = inits[node.input[2]]
-        if len(bias.dims) != 2 or bias.dims[0] != 1 or readers[node.input[2]] != 1:  # this Gemm's alone
+        if len(bias.dims) != 2 or bias.dims[0] != 1 or _sole_reader(readers, kept, node.input[2]) is not node:
             continue
         bias.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(bias).reshape(-1), bias.name))
         done += 1
@@ -346,6 +337,14 @@ def _with_dims(model, dynamic: dict[str, list[int]], *, open_dims: bool, shapes=
 STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft")
 
 
+def subgraphs(node):
+    """The graphs ``node`` holds in its attributes (``If``'s branches, a ``Loop``'s or ``Scan``'s body)."""
+    for attr in node.attribute:
+        if attr.HasField("g"):
+            yield attr.g
+        yield from attr.graphs
+
+
 def unsupported_nodes(model) -> list[tuple[str, str]]:
     """``(node name, domain::op)`` of every node in ``model`` (or subgraph) whose op no standard ONNX domain or
     ONNX Runtime's contrib domain defines: custom ops, which no converter or quantizer here can run."""
@@ -359,11 +358,8 @@ def unsupported_nodes(model) -> list[tuple[str, str]]:
             known = domain in STANDARD_DOMAINS and (domain == "com.microsoft" or onnx.defs.has(node.op_type, domain))
             if not known:
                 found.append((node.name or f"#{index}", f"{domain}::{node.op_type}" if domain else node.op_type))
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    visit(attr.g)
-                for sub in attr.graphs:
-                    visit(sub)
+            for sub in subgraphs(node):
+                visit(sub)
 
     visit(model.graph)
     return found
@@ -547,17 +543,9 @@ def outputs_as_computed(model, feeds: dict) -> list[str]:
 
 def count_ops(model, op_type: str) -> int:
     """How many ``op_type`` nodes ``model`` holds, its subgraphs (``If``/``Loop`` bodies) included."""
-    import onnx
-
     def visit(graph) -> int:
-        found = 0
-        for node in graph.node:
-            found += node.op_type == op_type
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    found += visit(attr.g)
-                found += sum(visit(sub) for sub in attr.graphs)
-        return found
+        return sum(node.op_type == op_type for node in graph.node) + sum(
+            visit(sub) for node in graph.node for sub in subgraphs(node))
 
     return visit(model.graph)
 
@@ -592,25 +580,17 @@ def pin_inputs(model, values: dict[str, np.ndarray], shapes: dict[str, list[int]
 def kept_names(graph) -> set[str]:
     """Tensors of ``graph`` a rewrite must keep: its outputs and what its subgraphs (``If``/``Loop`` bodies) read
     from the outer scope."""
-    import onnx
-
     kept = {o.name for o in graph.output}
 
     def visit(body) -> None:
         for node in body.node:
             kept.update(node.input)
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    visit(attr.g)
-                for sub in attr.graphs:
-                    visit(sub)
+            for sub in subgraphs(node):
+                visit(sub)
 
     for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                visit(attr.g)
-            for sub in attr.graphs:
-                visit(sub)
+        for sub in subgraphs(node):
+            visit(sub)
     return kept
 
 

@@ -69,7 +69,7 @@ from edgeopt.data import SampleSet
 from edgeopt.device.runtime import RuntimeSettings
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.model_type import ffn_down_projections
-from edgeopt.onnx_prep import as_shipped, normalise, probe_tensors, tensor_readers, weight_output_axis
+from edgeopt.onnx_prep import as_shipped, normalise, probe_tensors, subgraphs, tensor_readers, weight_output_axis
 from edgeopt.onnx_work import (COMPUTE_OPS, FLOAT_COMPUTE_ACTIVATIONS, FLOAT_COMPUTE_INTENSITY, FOLDED_ACTIVATIONS,
                                Work, work_of)
 from edgeopt.paired_timing import BLOCK_S, COVERAGE, Rounds, interleaved_rounds, median_interval
@@ -761,7 +761,7 @@ def _short_names(model) -> dict[str, str]:
 def _nodes(graph):
     for node in graph.node:
         yield node
-        for sub in _subgraphs(node):
+        for sub in subgraphs(node):
             yield from _nodes(sub)
 
 
@@ -771,14 +771,8 @@ def _tensor_names(graph):
     for node in graph.node:
         yield from node.input
         yield from node.output
-        for sub in _subgraphs(node):
+        for sub in subgraphs(node):
             yield from _tensor_names(sub)
-
-
-def _subgraphs(node):
-    for attr in node.attribute:
-        yield from ([attr.g] if attr.HasField("g") else [])
-        yield from attr.graphs
 
 
 def _rename_in(graph, names: dict[str, str]) -> None:
@@ -789,7 +783,7 @@ def _rename_in(graph, names: dict[str, str]) -> None:
     for node in graph.node:
         node.input[:] = [names.get(name, name) for name in node.input]
         node.output[:] = [names.get(name, name) for name in node.output]
-        for sub in _subgraphs(node):
+        for sub in subgraphs(node):
             _rename_in(sub, names)
 
 

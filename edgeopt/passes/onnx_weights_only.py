@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgeopt.data import SampleSet
-from edgeopt.onnx_prep import kept_names, probe_tensors, tensor_readers, weight_output_axis
+from edgeopt.onnx_prep import kept_names, probe_tensors, subgraphs, tensor_readers, weight_output_axis
 
 WEIGHT_OPS = ("Conv", "Gemm", "MatMul")  # ops whose constant input 1 is stored int8
 BIASED_OPS = ("Conv", "Gemm")  # of those, the ones whose bias absorbs the rounding's mean shift
@@ -106,8 +106,6 @@ class _UniqueNames:
     """Tensor names not yet used anywhere in a model (its graphs and subgraphs)."""
 
     def __init__(self, model) -> None:
-        import onnx
-
         self.used: set[str] = set()
 
         def visit(graph) -> None:
@@ -115,9 +113,8 @@ class _UniqueNames:
             self.used.update(v.name for v in (*graph.input, *graph.output, *graph.value_info))
             for node in graph.node:
                 self.used.update(node.output)
-                for attr in node.attribute:
-                    for body in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else []) + list(attr.graphs):
-                        visit(body)
+                for body in subgraphs(node):
+                    visit(body)
 
         visit(model.graph)
 
