@@ -20,7 +20,6 @@ import numpy as np
 
 from edgeopt.batch_axes import check_batch_axis, model_batch_axis
 from edgeopt.device.runtime import (
-    SINGLE_INPUT,
     TensorSpec,
     format_shape,
     one_input_alias,
@@ -29,7 +28,7 @@ from edgeopt.device.runtime import (
 )
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.onnx_prep import describe_unsupported, quantized_ops
-from edgeopt.torch_inputs import torch_call
+from edgeopt.torch_inputs import default_input_names, torch_call
 from edgeopt.user_code import call, is_function_spec, load_function
 
 TORCH_ARCHIVE_SUFFIXES = (".pt", ".pth", ".pt2", ".ts", ".torchscript")
@@ -502,7 +501,7 @@ def torch_source(path: Path, module, example, input_shapes: dict, *, shapes_name
     where = str(path)
     if isinstance(module, torch.export.ExportedProgram):
         example = tuple(example) if isinstance(example, (tuple, list)) else (example,)
-        names = [SINGLE_INPUT] if len(example) == 1 else [f"input{i}" for i in range(len(example))]
+        names = default_input_names(len(example))
         call = None
     else:
         call = torch_call(module, example, where)

@@ -111,8 +111,7 @@ def torch_call(module, example, where: str, names: list[str] | None = None) -> T
     positional = tuple(_tensor(v, where) for v in positional)
     keywords = {k: _tensor(v, where) for k, v in keywords.items()}
     declared = parameter_names(module) or []
-    single = len(positional) == 1 and not keywords
-    fallback = [SINGLE_INPUT] if single else [f"input{i}" for i in range(len(positional))]
+    fallback = default_input_names(len(positional), alone=not keywords)
     named = names is not None
     if not named:
         names = declared[:len(positional)] if len(declared) >= len(positional) else []
@@ -141,6 +140,12 @@ def torch_call(module, example, where: str, names: list[str] | None = None) -> T
     if not named and not keywords and set(names) & set(keys):  # forward(self, output): an input may not share
         names = fallback  # an output's name (the exported graph would rename one of them)
     return TorchCall(module, example, list(names), keys)
+
+
+def default_input_names(count: int, *, alone: bool = True) -> list[str]:
+    """Names for ``count`` positional inputs where ``forward()`` gives none: ``input`` for one (``alone``: no
+    keyword inputs beside it), else ``input0``, ``input1``, ..."""
+    return [SINGLE_INPUT] if count == 1 and alone else [f"input{i}" for i in range(count)]
 
 
 def _takes_kwargs(module) -> bool:
