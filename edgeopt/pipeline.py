@@ -18,7 +18,7 @@ from edgeopt.device.formats import format_for_runtime, model_suffixes
 from edgeopt.device.golden import GoldenResult, GoldenSet, load_golden
 from edgeopt.device.host import host_info
 from edgeopt.device.runtime import SESSIONS, RuntimeSettings
-from edgeopt.device.validate import ValidationReport
+from edgeopt.device.validate import ValidationReport, artifact_files
 from edgeopt.dynamic_axes import Reopened, reopen
 from edgeopt.errors import BadInputError
 from edgeopt.evaluate import (
@@ -471,8 +471,7 @@ def _larger_than_source(source: SourceModel, artifacts: list[Artifact]) -> list[
     file is a 350 KiB FP32 IR, whose XML holds tf2onnx's long names)."""
     if source.kind not in ("onnx", "openvino"):
         return []
-    fmt = format_of(source.path)
-    given = sum(f.stat().st_size for f in fmt.files(source.path) if f.is_file())
+    given = sum(artifact_files(source.path).values())
     return [f"the {a.format} artifact ({a.bytes} B) is {a.bytes / given:.2f}x the size of the source file "
             f"{source.path.name} ({given} B): its ratio to FP32 is to the FP32 model in its own format"
             for a in artifacts if a.bytes > given]

@@ -124,8 +124,9 @@ def print_repair(repair: dict, out: Console, count: int = 10) -> None:
                           "-" if op["clipped"] is None else f"{op['clipped']:.2%}", "yes" if op["name"] in kept else "")
         Console(highlight=False, width=max(out.width, 130)).print(table)
     passed = f"passed at rung {repair['passed_rung']}" if repair["passed_rung"] else "no rung passed"
-    out.print(escape(f"int8 repair: {passed}, {len(repair['float_ops'])} operation(s) in float ({repair['float_share']:.1%}); one-step "
-                     f"recipe: {repair['recipe'] or 'none (' + (repair['no_recipe'] or 'no rung passed') + ')'}"))
+    out.print(escape(f"int8 repair: {passed}, {len(repair['float_ops'])} operation(s) in float "
+                     f"({repair['float_share']:.1%}); one-step recipe: "
+                     f"{repair['recipe'] or 'none (' + (repair['no_recipe'] or 'no rung passed') + ')'}"))
     if repair["float_reason"]:
         out.print(escape(f"in float: {repair['float_reason']}"))
 
