@@ -214,24 +214,37 @@ def test_int8_recipe_file_sets_preset_subset_and_ignored_scope(cli, tmp_path, ti
     assert result.exit_code == 2 and "unknown parameter(s) turbo" in result.stderr
 
 
+def _convs(path, count: int):
+    """An ONNX file (opset 13, input ``input`` 1x1x8x8) of ``count`` 3x3 Convs with a ReLU between each two,
+    named ``/0/Conv``, ``/2/Conv``, ... as torch exports them."""
+    import torch
+
+    torch.manual_seed(0)
+    layers = [torch.nn.Conv2d(1 if i == 0 else 8, 4 if i == count - 1 else 8, 3) for i in range(count)]
+    torch.onnx.export(torch.nn.Sequential(*[m for conv in layers for m in (conv, torch.nn.ReLU())][:-1]).eval(),
+                      (torch.zeros(1, 1, 8, 8),), str(path), dynamo=False, opset_version=13, input_names=["input"])
+    return path
+
+
+def _ir_conv_weights(xml) -> dict[str, str]:
+    """Each Convolution of an IR -> the op its weights come from: ``Constant`` (float), ``Multiply`` (INT8)."""
+    import openvino as ov
+
+    return {op.get_friendly_name(): op.input_value(1).get_node().get_type_name()
+            for op in ov.Core().read_model(str(xml)).get_ops() if op.get_type_name() == "Convolution"}
+
+
 def test_ignored_scope_takes_onnx_node_names_and_refuses_unknown_ones(cli, tmp_path, tiny_calib):
     """An ONNX Conv named in ignored_scope keeps float weights in the IR too (OpenVINO names its Convolution
     ``NAME/WithoutBiases`` and gives ``NAME`` to the bias Add, so the name alone left the Conv quantized); a name
     neither graph has is refused instead of silently ignored."""
-    import openvino as ov
-    import torch
-
-    torch.manual_seed(0)
-    model = tmp_path / "convs.onnx"
-    torch.onnx.export(torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3)).eval(),
-                      (torch.zeros(1, 1, 8, 8),), str(model), dynamo=False, opset_version=13, input_names=["input"])
+    model = _convs(tmp_path / "convs.onnx", 2)
     recipe = tmp_path / "recipe.toml"
     recipe.write_text('[[step]]\nname = "int8"\nignored_scope = ["/0/Conv"]\n')
     out = tmp_path / "out"
     result = cli("compress", model, "--calib", tiny_calib, "--recipe", recipe, "--out", out, "--quiet")
     assert result.exit_code == 0, result.output
-    weights = {op.get_friendly_name(): op.input_value(1).get_node().get_type_name()
-               for op in ov.Core().read_model(str(out / "model.xml")).get_ops() if op.get_type_name() == "Convolution"}
+    weights = _ir_conv_weights(out / "model.xml")
     assert weights == {"/0/Conv/WithoutBiases": "Constant", "/2/Conv/WithoutBiases": "Multiply"}  # float; INT8
     recipe.write_text('[[step]]\nname = "int8"\nignored_scope = ["no_such_node"]\n')
     result = cli("compress", model, "--calib", tiny_calib, "--recipe", recipe, "--out", tmp_path / "o2")
@@ -267,21 +280,14 @@ def test_ignored_patterns_keep_every_matching_operation_float_in_both_files(cli,
     the IR (its operations' names) and the ONNX file (its node names); a pattern that matches nothing, or is no
     regular expression, is refused in one line."""
     import onnx
-    import openvino as ov
-    import torch
 
-    torch.manual_seed(0)
-    model = tmp_path / "convs.onnx"
-    torch.onnx.export(torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3),
-                                          torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3)).eval(),
-                      (torch.zeros(1, 1, 8, 8),), str(model), dynamo=False, opset_version=13, input_names=["input"])
+    model = _convs(tmp_path / "convs.onnx", 3)
     recipe = tmp_path / "recipe.toml"
     recipe.write_text('[[step]]\nname = "int8"\nignored_patterns = ["/[02]/"]\nonnx_backend = "ort"\n')
     out = tmp_path / "out"
     result = cli("compress", model, "--calib", tiny_calib, "--recipe", recipe, "--out", out, "--quiet")
     assert result.exit_code == 0, result.output
-    weights = {op.get_friendly_name(): op.input_value(1).get_node().get_type_name()
-               for op in ov.Core().read_model(str(out / "model.xml")).get_ops() if op.get_type_name() == "Convolution"}
+    weights = _ir_conv_weights(out / "model.xml")
     assert weights == {"/0/Conv/WithoutBiases": "Constant", "/2/Conv/WithoutBiases": "Constant",
                        "/4/Conv/WithoutBiases": "Multiply"}  # float, float; INT8
     graph = onnx.load(str(out / "model.onnx")).graph
