@@ -442,20 +442,27 @@ def validate_on(target: Target, model_path: str | os.PathLike, *, measuring: Mea
             else "the second measurement is the one reported")
         report = replace(again, notes=again.notes + [note])
         if _spread_failed_busy(report):
-            report = replace(report, checks=[
-                replace(c, status="unreliable", passed=True,
-                        reason="the host was busy both times (load average above its CPU count)")
-                if c.name in SPREAD_BUDGETS and not c.passed else c for c in report.checks])
+            report = replace(report, checks=mark_unreliable(report.checks))
     return report
 
 
-def judge(budgets: Budgets, figures: dict, emulation: Emulation | None, host: dict | None = None) -> list:
+def judge(budgets: Budgets, figures: dict, emulation: Emulation | None, busy_twice: bool = False) -> list:
     """Check ``figures`` against ``budgets``; when they were measured in emulation, the timing budgets (and, on
-    another architecture, the memory budget) are marked emulated with the reason: never a device PASS."""
+    another architecture, the memory budget) are marked emulated with the reason: never a device PASS.
+    ``busy_twice``: the figures come from a second measurement on a host busy both times (:func:`validate_on`),
+    so a failed spread budget reads UNRELIABLE (:func:`mark_unreliable`)."""
     checks = check_budgets(budgets, figures)
-    if emulation is None:
-        return checks
-    return mark_emulated(checks, emulation.note, memory=emulation.cross_isa)
+    if emulation is not None:
+        checks = mark_emulated(checks, emulation.note, memory=emulation.cross_isa)
+    return mark_unreliable(checks) if busy_twice else checks
+
+
+def mark_unreliable(checks: list) -> list:
+    """Failed spread budgets measured twice on a busy host: UNRELIABLE (passing), the host's noise, not the
+    model's."""
+    return [replace(c, status="unreliable", passed=True,
+                    reason="the host was busy both times (load average above its CPU count)")
+            if c.name in SPREAD_BUDGETS and not c.passed else c for c in checks]
 
 
 def _spread_failed_busy(report) -> bool:

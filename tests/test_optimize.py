@@ -102,6 +102,33 @@ def test_rerun_reuses_cached_artifacts_and_measurements(digits, tmp_path):
     assert [c["figures"] for c in built] == [c["figures"] for c in first["candidates"] if not c["skipped"]]
 
 
+def test_a_spread_read_unreliable_on_a_busy_host_stays_unreliable_when_reused(digits, tmp_path):
+    """validate_on measures a failed spread twice on a busy host and reads it UNRELIABLE (passing); optimize
+    re-judges cached figures against the profile's budgets and must keep that verdict, not turn it into FAIL."""
+    from edgeopt.optimization.cache import Cache
+
+    _, _, built, first = digits
+    cache_dir = tmp_path / "cache"
+    shutil.copytree(built, cache_dir)
+    cache = Cache(cache_dir)
+    for measured in sorted(cache_dir.glob("*/measure-*.json")):
+        key, measure_key = measured.parent.name, measured.stem.removeprefix("measure-")
+        data = cache.load_measurement(key, measure_key)
+        data["figures"]["cv"] = 25.0  # digits-tight allows 20
+        for check in data["validation"]["checks"]:
+            if check["name"] == "max_cv":
+                check.update(status="unreliable", passed=True, measured=25.0)
+        cache.store_measurement(key, measure_key, data)
+    out = tmp_path / "again"
+    result = optimize(DIGITS_MODEL, "--target", "digits-tight", "--calib", DIGITS_CALIB, "--eval", DIGITS_EVAL,
+                      "--out", out, "--cache", cache_dir)
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["chosen"] == first["chosen"]
+    spreads = [check for c in report["candidates"] for check in c["checks"] if check["name"] == "max_cv"]
+    assert spreads and all(check["verdict"] == "UNRELIABLE" and check["passed"] for check in spreads)
+
+
 def test_reports_are_written_and_well_formed(digits):
     _, out, _, report = digits
     from conftest import report_schema_errors
