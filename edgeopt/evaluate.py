@@ -32,6 +32,7 @@ class Fidelity:
     mean_abs_error: float
     top1_agreement: float | None  # share of samples whose argmax matches (classifier outputs only)
     output: str | None = None  # the output's name
+    non_finite: int = 0  # samples whose output holds inf or NaN where the original's does not (cosine 0 each)
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,8 @@ class QualityGate:
 
     def check(self, reference: Quality, candidate: Quality) -> tuple[bool, str]:
         """Top-1 drop on the labelled output when labels exist; cosine on every other gated output (the worst
-        one decides; on the labelled one too with ``cosine_on_labelled``); with a task metric, the metric alone."""
+        one decides; on the labelled one too with ``cosine_on_labelled``); a gated output giving inf or NaN where
+        the original does not fails; with a task metric, the metric alone."""
         checked = self.metric_check(reference, candidate)
         if checked is not None:
             return checked.passed, checked.message()
@@ -114,6 +116,10 @@ class QualityGate:
                 where = f" on output '{worst.output}'"
             verdict = verdict and worst.cosine >= self.min_cosine
             parts.append(f"cosine {worst.cosine:.5f} (min {self.min_cosine}){where}")
+        for broken in (f for f in self.gated(candidate) if f.non_finite):  # never within any tolerance
+            verdict = False
+            parts.append(f"output '{broken.output}' gives inf or NaN on {broken.non_finite} sample(s) where the "
+                         "original's is finite")
         verdict = verdict, "; ".join(parts)
         if candidate.tokens is None:
             return verdict
@@ -265,12 +271,28 @@ def language_model_ids(predict, samples: SampleSet) -> np.ndarray | None:
 
 
 def sample_cosines(outputs: np.ndarray, reference: np.ndarray) -> np.ndarray:
-    """Cosine similarity of each sample's output to the reference's (samples x ...; 1 where both are zero)."""
-    a = outputs.astype(np.float64).reshape(len(outputs), -1)
-    b = reference.astype(np.float64).reshape(len(reference), -1)
+    """Cosine similarity of each sample's output to the reference's (samples x ...; 1 where both are zero); a
+    sample with inf or NaN the reference does not share scores 0 (:func:`finite_pairs`)."""
+    a, b, broken = finite_pairs(outputs, reference)
     norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
     both_zero = (np.linalg.norm(a, axis=1) == 0) & (np.linalg.norm(b, axis=1) == 0)
-    return np.where(norms > 0, np.sum(a * b, axis=1) / np.maximum(norms, 1e-300), np.where(both_zero, 1.0, 0.0))
+    cosines = np.where(norms > 0, np.sum(a * b, axis=1) / np.maximum(norms, 1e-300), np.where(both_zero, 1.0, 0.0))
+    return np.where(broken, 0.0, cosines)
+
+
+def finite_pairs(outputs: np.ndarray, reference: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``outputs`` and ``reference`` as float64 samples x values, where both hold the same inf or NaN set to 0
+    (they agree: a log of an exact zero in both), and the samples still holding a non-finite value in either
+    zeroed too, with their mask: an INT8 log-mel that rounds a power to 0 gives -inf where FP32 is finite."""
+    a = outputs.astype(np.float64).reshape(len(outputs), -1)
+    b = reference.astype(np.float64).reshape(len(reference), -1)
+    finite_a, finite_b = np.isfinite(a), np.isfinite(b)
+    if finite_a.all() and finite_b.all():
+        return a, b, np.zeros(len(a), dtype=bool)
+    same = ~finite_b & ((a == b) | (np.isnan(a) & np.isnan(b)))
+    broken = ~((finite_a | same).all(axis=1) & (finite_b | same).all(axis=1))
+    clear = same | broken[:, None]
+    return np.where(clear, 0.0, a), np.where(clear, 0.0, b), broken
 
 
 CENTRED_MIN_SPREAD = 1e-3  # of the reference's RMS: below it, one value per sample is compared uncentred
@@ -297,15 +319,18 @@ def compare_outputs(outputs: np.ndarray, reference: np.ndarray, output: str | No
     default: any output of more than one value per sample). The cosine is per sample, except for an output of one
     value per sample (a VAD's speech probability, a score): the cosine of one number is only its sign, so those
     are compared as one vector across the samples, centred on the reference's mean (:func:`centred_cosine`)."""
-    a = outputs.astype(np.float64).reshape(len(outputs), -1)
-    b = reference.astype(np.float64).reshape(len(reference), -1)
+    a, b, broken = finite_pairs(outputs, reference)
+    clean = ~broken  # a broken sample (inf or NaN the reference lacks) scores cosine 0; errors are the others'
     scalar = a.shape[1] == 1 and len(a) > 1
-    cosine = np.array([centred_cosine(a[:, 0], b[:, 0])]) if scalar else sample_cosines(a, b)
-    error = np.abs(a - b)
+    if scalar:
+        cosine = centred_cosine(a[clean, 0], b[clean, 0]) * clean.mean() if clean.any() else 0.0
+    else:
+        cosine = float(np.where(broken, 0.0, sample_cosines(a, b)).mean())
+    error = np.abs(a[clean] - b[clean]) if clean.any() else np.full(1, np.inf)
     classifier = a.shape[1] > 1 if classifier is None else classifier
     agreement = float(np.mean(a.argmax(axis=1) == b.argmax(axis=1))) if classifier and not scalar and a.shape[1] > 1 \
         else None
-    return Fidelity(float(cosine.mean()), float(error.max()), float(error.mean()), agreement, output)
+    return Fidelity(cosine, float(error.max()), float(error.mean()), agreement, output, int(broken.sum()))
 
 
 @dataclass(frozen=True)

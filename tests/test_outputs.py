@@ -230,3 +230,28 @@ def test_long_output_names_wrap_in_the_fidelity_table(capsys):
     start, end = header.index("output"), header.index("gated")
     column = "".join(line[start:end].strip() for line in lines[lines.index(header) + 2:])
     assert "…" not in column and column.startswith(long)  # wrapped over lines, whole
+
+
+def test_inf_or_nan_the_original_lacks_fails_the_gate_and_shared_ones_agree():
+    """An INT8 log-mel that rounds a power to 0 gives -inf where FP32 is finite (openWakeWord's melspectrogram):
+    such a sample scores cosine 0, is counted, and fails the gate whatever the cosine; an inf both give agrees."""
+    from edgeopt.evaluate import compare_outputs
+
+    rng = np.random.default_rng(0)
+    reference = rng.normal(size=(10, 32)).astype(np.float32)
+    reference[0, 3] = -np.inf  # the original's own log of an exact zero
+    outputs = reference + rng.normal(scale=1e-3, size=reference.shape).astype(np.float32)
+    outputs[0, 3] = -np.inf
+    agreeing = compare_outputs(outputs, reference, output="mel")
+    assert agreeing.non_finite == 0 and agreeing.cosine > 0.999 and np.isfinite(agreeing.max_abs_error)
+    outputs[4, 7], outputs[6, 0] = -np.inf, np.nan
+    broken = compare_outputs(outputs, reference, output="mel")
+    assert broken.non_finite == 2 and broken.cosine == pytest.approx(0.8, abs=1e-5)  # 8 of 10 samples at ~1
+    assert np.isfinite(broken.max_abs_error)  # the finite samples' errors
+    scores = compare_outputs(outputs[:, :1], reference[:, :1] + 1.0, output="score")  # one value per sample
+    assert scores.non_finite == 1 and 0 < scores.cosine < 1
+    gate = QualityGate(min_cosine=0.5)
+    original = Quality("fp32", None, None)
+    passed, message = gate.check(original, Quality("int8", None, broken, outputs=(broken,)))
+    assert not passed and "output 'mel' gives inf or NaN on 2 sample(s)" in message, message
+    assert gate.check(original, Quality("int8", None, agreeing, outputs=(agreeing,)))[0]
