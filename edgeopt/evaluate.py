@@ -323,7 +323,7 @@ def compare_outputs(outputs: np.ndarray, reference: np.ndarray, output: str | No
     clean = ~broken  # a broken sample (inf or NaN the reference lacks) scores cosine 0; errors are the others'
     scalar = a.shape[1] == 1 and len(a) > 1
     if scalar:
-        cosine = centred_cosine(a[clean, 0], b[clean, 0]) * clean.mean() if clean.any() else 0.0
+        cosine = centred_cosine(a[clean, 0], b[clean, 0]) * float(clean.mean()) if clean.any() else 0.0
     else:
         cosine = float(np.where(broken, 0.0, sample_cosines(a, b)).mean())
     error = np.abs(a[clean] - b[clean]) if clean.any() else np.full(1, np.inf)

@@ -249,7 +249,7 @@ def test_inf_or_nan_the_original_lacks_fails_the_gate_and_shared_ones_agree():
     assert broken.non_finite == 2 and broken.cosine == pytest.approx(0.8, abs=1e-5)  # 8 of 10 samples at ~1
     assert np.isfinite(broken.max_abs_error)  # the finite samples' errors
     scores = compare_outputs(outputs[:, :1], reference[:, :1] + 1.0, output="score")  # one value per sample
-    assert scores.non_finite == 1 and 0 < scores.cosine < 1
+    assert scores.non_finite == 1 and 0 < scores.cosine < 1 and type(scores.cosine) is float  # reports: JSON
     gate = QualityGate(min_cosine=0.5)
     original = Quality("fp32", None, None)
     passed, message = gate.check(original, Quality("int8", None, broken, outputs=(broken,)))
