@@ -49,11 +49,29 @@ def first_line(exc: BaseException, limit: int = 300) -> str:
     informative = [line for line in lines if not line.startswith(_LOCATION_PREFIXES)]
     chosen = informative[0] if informative else (lines[0] if lines else type(exc).__name__)
     key = next((line for line in informative if line.lstrip("- ").startswith(_KEY_LINES)), None)
+    failed = _failed_operation(informative)
     if key:  # OpenVINO's conversion report: the summary line names the ops it has no rule for
         chosen = f"{chosen.rstrip(':').split('. Failed operations')[0]}: {key.lstrip('- ')}"
+    elif failed:  # or the first op it failed on, with the last line of that op's message (the reason)
+        chosen = f"{chosen.rstrip(':').split('. Failed operations')[0]}: {failed}"
     elif chosen.endswith(":") and len(informative) > 1:  # a header line: say what follows
         chosen = f"{chosen} {informative[1]}"
     return chosen[:limit]
 
 
 _KEY_LINES = ("No conversion rule found for operations",)
+
+
+def _failed_operation(lines: list[str]) -> str | None:
+    """From OpenVINO's "Failed operations detailed log", the first failed op and the last line of its message
+    ("If-13: Rank of If condition input must be equal to 0 or 1"); None for any other message."""
+    starts = [i for i, line in enumerate(lines) if line.startswith("-- ") and line.endswith(" with a message:")]
+    if not starts:
+        return None
+    block = []
+    for line in lines[starts[0] + 1:]:
+        if line.startswith("-- ") or line == "Summary:":
+            break
+        block.append(line)
+    op = lines[starts[0]][3:].removesuffix(" with a message:")
+    return f"{op}: {block[-1]}" if block else None

@@ -476,15 +476,39 @@ def _plain_average_pools(model) -> list:
 
 def for_openvino(path, shapes: dict[str, list[int]]):
     """The ONNX file at ``path`` with the ops OpenVINO's ONNX frontend cannot read rewritten into equivalents
-    (:func:`global_pools`, the pools' input shapes measured by one ONNX Runtime run on zeros of ``shapes``), or
-    None when there is nothing to rewrite."""
+    (:func:`global_pools`, the pools' input shapes measured by one ONNX Runtime run on zeros of ``shapes``;
+    :func:`scalar_if_conditions`), or None when there is nothing to rewrite."""
     import onnx
 
     model = onnx.load(str(path))
     types = {v.name: v.type.tensor_type.elem_type for v in model.graph.input}
     feeds = {name: np.zeros(shape, onnx.helper.tensor_dtype_to_np_dtype(types[name]))
              for name, shape in shapes.items() if name in types}
-    return model if global_pools(model, pool_input_dims(model, feeds)) else None
+    rewritten = global_pools(model, pool_input_dims(model, feeds)) + scalar_if_conditions(model)
+    return model if rewritten else None
+
+
+def scalar_if_conditions(model) -> int:
+    """Reshape, in place, the condition of every ``If`` in the main graph to a scalar; return how many. ONNX
+    only asks for one element, and exporters write ``[1, 1]`` (openWakeWord's hey_jarvis head, torch 1.12), but
+    OpenVINO's frontend refuses a condition of rank above 1."""
+    import onnx
+
+    graph = model.graph
+    nodes, count = [], 0
+    for node in graph.node:
+        if node.op_type == "If":
+            scalar = f"{node.input[0]}_edgeopt_scalar"
+            shape = onnx.helper.make_node("Constant", [], [f"{scalar}_shape"],
+                                          value=onnx.numpy_helper.from_array(np.zeros(0, np.int64)))
+            nodes += [shape, onnx.helper.make_node("Reshape", [node.input[0], f"{scalar}_shape"], [scalar])]
+            node.input[0] = scalar
+            count += 1
+        nodes.append(node)
+    if count:
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return count
 
 
 def pool_input_dims(model, feeds: dict) -> dict[str, list[int]]:

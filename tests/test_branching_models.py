@@ -73,3 +73,32 @@ def test_error_names_node_op_and_branch(branching):
     message = unsupported_message(model, RuntimeError("Could not find a node narrow_gather in NNCFGraph!"))
     assert message.startswith("node 'narrow_gather' (op Gather, in the else branch of If '")
     assert message.endswith("Could not find a node narrow_gather in NNCFGraph!")
+
+
+def test_an_if_condition_of_shape_1x1_is_read_as_a_scalar(cli, branching, tmp_path):
+    """torch 1.12 exported openWakeWord's hey_jarvis head with an If on a [1, 1] condition, which ONNX allows
+    (one element) and OpenVINO's frontend refuses; edgeopt reshapes it to a scalar for OpenVINO. The frontend's
+    own reason, on the last line of its log, is what a refusal would say."""
+    from edgeopt.errors import first_line
+
+    path, _, both_rates = branching
+    model = onnx.load(str(path))
+    nodes = list(model.graph.node)
+    nodes[1].input[0] = "is16k_1x1"
+    nodes.insert(1, helper.make_node("Reshape", ["is16k", "one_by_one"], ["is16k_1x1"], name="as_1x1"))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    model.graph.initializer.append(numpy_helper.from_array(np.array([1, 1], np.int64), "one_by_one"))
+    matrix = tmp_path / "if_1x1.onnx"
+    onnx.save(model, str(matrix))
+    with pytest.raises(Exception) as refused:
+        ov.convert_model(str(matrix))
+    assert first_line(refused.value).endswith(": Rank of If condition input must be equal to 0 or 1")
+    result = cli("compress", matrix, "--calib", both_rates, "--out", tmp_path / "out", "--format", "openvino,onnx")
+    assert result.exit_code == 0, result.output
+    session = ov.Core().compile_model(str(tmp_path / "out" / "model.xml"), "CPU")
+    data = np.load(both_rates)
+    for index, rate in enumerate(data["sr"][:2]):
+        feeds = {"input": data["input"][index], "sr": np.array(rate, np.int64)}
+        expected = ov.Core().compile_model(str(path), "CPU")(feeds)[0]
+        assert np.allclose(session(feeds)[0], expected, atol=0.2 * np.abs(expected).max())
