@@ -152,7 +152,8 @@ def compress(model: str | Path, calibration: str | Path, *, out: str | Path, rec
     or ``precision`` sets one, its input shapes, its runtime's format required, passes that choose per device
     (``weights`` mode=auto) see it, and the artifact it runs is validated against its budgets (when the quality
     gate passed) with ``measuring``. Verdicts are in the result (``quality_passed``, ``budgets_passed``);
-    callers decide what a failure means. ``formats`` default: both, OpenVINO only for an OpenVINO IR input.
+    callers decide what a failure means. ``formats`` default: both, OpenVINO only for an OpenVINO IR input; with
+    a ``target``, the format it runs.
     ``train_data`` feeds the torch steps that fine-tune (default: the calibration set). ``step_report`` measures
     the model after every step (default: when the recipe has a PyTorch step). ``batch_axes`` (by input name) and
     ``task`` (for a Hugging Face model folder) go to ``load_model``. ``golden``: a golden set folder
@@ -367,14 +368,20 @@ def as_target(target: Target | str | Path | None) -> Target | None:
 
 def _formats(model: str | Path, formats: tuple[str, ...] | str | None, target: Target | None,
              recipe: Recipe) -> tuple[tuple[str, ...], str | None]:
-    """The formats to write, and a note naming any default format left out because a step of the recipe does
-    not write it (``int8_repair``: OpenVINO IR only)."""
+    """The formats to write, and a note naming any default format left out: one the ``target`` does not run
+    (its own format is the one gated and packaged), or one a step of the recipe does not write (``int8_repair``:
+    OpenVINO IR only)."""
     if isinstance(formats, str):
         formats = parse_formats(formats)
     left_out = None
     if formats is None:
         native = format_of(model).name if Path(model).suffix.lower() in model_suffixes() else None
         formats = (REFERENCE,) if native == REFERENCE else tuple(FORMATS)
+        device = format_for_runtime(target.settings.runtime).name if target is not None else None
+        if device in formats and len(formats) > 1:
+            left_out = (f"{', '.join(FORMATS[f].label for f in formats if f != device)}: not written: target "
+                        f"{target.name} runs {target.settings.runtime} (--format {','.join(FORMATS)} writes both)")
+            formats = (device,)
         accepted = [f for f in formats if all(f in step.info.formats for step in recipe.stage(GRAPH))]
         if accepted and len(accepted) < len(formats):  # by default, the formats every graph step writes
             steps = [f"{step.name} writes {', '.join(FORMATS[f].label for f in step.info.formats)} only"

@@ -227,3 +227,18 @@ def test_an_unknown_input_in_a_profiles_input_shapes_is_named_as_the_profiles(cl
                  "--out", tmp_path / "o2")
     said = "--input-shape or target shaped's [model] input_shapes names unknown input(s) images"
     assert result.exit_code == 2 and said in result.output, result.output
+
+
+def test_a_target_without_format_writes_the_format_it_runs(cli, tiny_factory, tiny_calib, tmp_path):
+    """``--target raspberry-pi-5-onnxruntime`` without ``--format``: only the ONNX file, the one that target runs,
+    gated and measured (an IR failing the gate made the run exit 3 with the ONNX file passing); the note says how
+    to get both."""
+    out = tmp_path / "o"
+    result = cli("compress", tiny_factory, "--calib", tiny_calib, "--eval", tiny_calib, "--target",
+                 "raspberry-pi-5-onnxruntime", "--out", out)
+    assert result.exit_code in (0, 4), result.output  # 4: an emulated budget may fail on a busy host
+    assert (out / "model.onnx").exists() and not list(out.glob("*.xml"))
+    report = json.loads((out / "report.json").read_text())
+    assert list(report["quality"]["artifacts"]) == ["onnx"]
+    assert any("not written: target raspberry-pi-5-onnxruntime runs onnxruntime (--format openvino,onnx writes both)"
+               in note for note in report["notes"]), report["notes"]

@@ -18,7 +18,7 @@ from edgeopt.out_guard import input_bytes
 @click.option("--calib", "calibration", required=True, help="Calibration data: .npz, .npy, image folder or file.py:fn.")
 @click.option("--out", required=True, type=click.Path(), help="Output folder (written atomically).")
 @click.option("--format", "formats", default=None, help="Comma-separated: openvino,onnx (default: both, "
-              "openvino only for an OpenVINO IR input).")
+              "openvino only for an OpenVINO IR input; with --target, the format it runs).")
 @click.option("--precision", type=click.Choice(["int8", "fp16", "fp32"]), default=None,
               help="Output precision (shorthand for a one-step recipe; default int8).")
 @click.option("--recipe", default=None, help="Steps, e.g. prune,distill,int8, or a recipe .toml file.")
