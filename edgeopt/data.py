@@ -256,8 +256,8 @@ def _convert(source: str, index: int, spec: TensorSpec, value: np.ndarray) -> np
     peak = int(np.abs(value).max()) if target.kind == "f" and value.dtype.kind in "iu" and value.size else 0
     if spec.shape and peak > PIXEL_MAX:
         raise BadInputError(f"{where} has integer dtype {value.dtype} with values up to {peak}; the model expects "
-                            f"{spec.dtype}: save the values the model sees, after your preprocessing (16-bit PCM "
-                            f"audio, for one, is usually divided by 32768)")
+                            f"{spec.dtype}: save the values the model sees, as floats, after your preprocessing "
+                            f"(16-bit PCM audio is divided by 32768 for most models, kept at int16 scale for some)")
     return value.astype(target, copy=False)
 
 

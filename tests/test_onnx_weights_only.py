@@ -195,7 +195,7 @@ def test_gemm_alpha_scales_the_correction():
 
 
 def test_the_gate_floor_binds_weights_only_too_and_the_reason_names_it_where_it_alone_reaches_the_gate():
-    from edgeopt.passes.onnx_int8 import WEIGHTS_ONLY, Built, choose, contenders, pick
+    from edgeopt.passes.onnx_int8 import WEIGHTS_ONLY, Built, choose, contenders, pick, weights_only_rescue
 
     def built(wo_cosine, conv_cosine=0.995):
         candidates = [Built("ort", model=object(), bytes=100, cosine=0.96, unfused=0.0),
@@ -215,6 +215,11 @@ def test_the_gate_floor_binds_weights_only_too_and_the_reason_names_it_where_it_
     chosen, reason = pick(none, choose(none, 0.99), 0.99)
     assert chosen.backend != WEIGHTS_ONLY and f'misses the quality gate\'s cosine 0.99, which {WEIGHTS_ONLY}' in reason
     assert f'onnx_backend = "{WEIGHTS_ONLY}" pins it' in reason
+    none[2].p50_ratio_interval = (0.65, 0.8)  # not slower than FP32: quantize_onnx takes it as the rescue
+    assert weights_only_rescue(none, chosen, 0.99) is none[2]
+    none[2].p50_ratio_interval = (1.05, 1.2)  # wholly slower than FP32: the hint only
+    assert weights_only_rescue(none, chosen, 0.99) is None
+    assert weights_only_rescue(none, chosen, None) is None and weights_only_rescue(above, above[1], 0.99) is None
 
 
 @pytest.mark.parametrize("groups, out", [(8, 8), (8, 16), (2, 8)])  # depthwise, channel multiplier 2, two groups
@@ -236,9 +241,9 @@ def test_grouped_conv_correction_matches_the_mean_shift(groups, out):
 
 
 def test_weights_only_is_measured_when_every_int8_file_misses_the_gate(cli, tiny_onnx, tmp_path):
-    """Where every int8-compute candidate misses the gate's cosine, weights-only is built too: it wins if it reaches
-    the gate and runs decisively faster, else the exit names it and how to pin it. It is not built where some
-    int8 file reaches the gate."""
+    """Where every int8-compute candidate misses the gate's cosine, weights-only is built too: reaching the gate
+    and not slower than FP32 it is the rescue (the fastest file that passes, not one that fails), else the exit
+    names it and how to pin it. It is not built where some int8 file reaches the gate."""
     import json
 
     data = tmp_path / "d.npz"
@@ -257,6 +262,7 @@ def test_weights_only_is_measured_when_every_int8_file_misses_the_gate(cli, tiny
             assert decided["rescue"] is not None and 'onnx_backend = "weights-only" pins it' in result.output
         else:
             assert result.exit_code == 0 and decided["backend"] == "weights-only", result.output
+            assert decided["chosen_by"] in ("rescue", "speed") and decided["rescue"] is None
 
 
 def test_a_pinned_backend_is_kept_when_weights_only_would_rescue_the_gate(cli, tiny_onnx, tmp_path):

@@ -64,7 +64,7 @@ def _openvino(module: nn.Module, shape=(1, 3, 16, 16)):
 
 
 @pytest.mark.parametrize("activation, op", [
-    (nn.SiLU(), "Swish"), (nn.GELU(), "Gelu"), (nn.Hardswish(), "HSwish"), (nn.LeakyReLU(0.1), "PRelu"),
+    (nn.SiLU(), "Swish"), (nn.GELU(), "Gelu"), (nn.Hardswish(), "HSwish"), (nn.LeakyReLU(0.1), "PRelu/LeakyRelu"),
     (nn.ReLU(), None), (nn.ReLU6(), None), (nn.Sigmoid(), None)])
 def test_activations_with_a_negative_tail_make_auto_try_both_presets(activation, op):
     ov_model = _openvino(Block(activation))

@@ -22,7 +22,7 @@ from edgeopt.device.stats import LatencyStats, latency_stats
 from edgeopt.errors import BadInputError
 
 MB = 1_000_000  # budgets and reports use decimal megabytes
-SCHEMA_VERSION = "1.4"  # of every JSON report edgeopt writes (docs/report.schema.json); major bumps break readers
+SCHEMA_VERSION = "1.5"  # of every JSON report edgeopt writes (docs/report.schema.json); major bumps break readers
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Graph pass ``weights``: weight-only compression (INT8, INT4, mixed INT4/INT8) with ``nncf.compress_weights``.
 
-Activations stay in floating point; MatMul/Gather weights become INT8 (per channel) or INT4 (per group of
+Activations stay in floating point; MatMul/Conv/Gather weights become INT8 (per channel) or INT4 (per group of
 ``group_size`` input channels) with FP16 scales. ``mode="auto"`` picks per model and device profile
 (``default_weight_compression``). Runs on the OpenVINO model and, when ONNX output is wanted, on the ONNX model
 (NNCF's ONNX backend writes INT8 as DequantizeLinear and INT4 as ONNX Runtime's MatMulNBits; INT4 asym is
@@ -312,7 +312,7 @@ def _describe(mode, group_size, ratio, sensitivity, data_aware, all_layers, back
         parts.append(f"sensitivity {sensitivity}")
         parts.append(f"backup {backup or 'int8_asym'}")
     parts.append("all layers" if all_layers else "first embedding and last layer in backup precision"
-                 if mode.startswith("int4") else "all MatMul/Gather weights")
+                 if mode.startswith("int4") else "all MatMul/Conv/Gather weights")
     if data_aware:
         parts.append(f"data-aware {'+'.join(data_aware)} on {subset} calibration samples")
     elif subset:
