@@ -296,9 +296,24 @@ def _ort_basic_optimise(model, dynamic: dict[str, list[int]] | None = None) -> t
             return model, "", ""
     if dynamic:
         optimised = _with_dims(optimised, dynamic, open_dims=False, shapes=model)
+    _drop_unused_opsets(optimised, {opset.domain for opset in model.opset_import})
     after = len(optimised.graph.node)
     folded = f"{before - after} node(s) folded by ONNX Runtime's basic optimiser" if after < before else ""
     return optimised, folded, ""
+
+
+def _drop_unused_opsets(model, declared: set[str]) -> None:
+    """Drop, in place, the opset imports no node uses and ``declared`` (the source's) lacks: ONNX Runtime's
+    optimiser writes every domain it knows (``ai.onnx.training``, ``com.microsoft.nchwc``, ``org.pytorch.aten``,
+    ...; 9 on openWakeWord's embedding model), which other tools may refuse."""
+    used, graphs = {""}, [model.graph]
+    while graphs:
+        for node in graphs.pop().node:
+            used.add(node.domain)
+            graphs.extend(subgraphs(node))
+    kept = [opset for opset in model.opset_import if opset.domain in used | declared]
+    del model.opset_import[:]
+    model.opset_import.extend(kept)
 
 
 def as_shipped(model, dynamic: dict[str, list[int]] | None):

@@ -246,3 +246,18 @@ def test_zero_pads_stay_where_folding_them_slows_onnx_runtime(tmp_path):
     np.testing.assert_allclose(_outputs(result.model, [feeds])[0], _outputs(original, [feeds])[0], rtol=1e-4,
                                atol=1e-4)
     assert [n.op_type for n in normalise(original).model.graph.node].count("Pad") == 0  # no sample: folded
+
+
+def test_normalised_graph_declares_only_the_opsets_it_uses_or_the_source_did():
+    """ONNX Runtime's optimiser writes every domain it knows into the file (9 on openWakeWord's embedding model:
+    ai.onnx.training, com.microsoft.nchwc, org.pytorch.aten, ...); the normalised graph keeps the source's own
+    declarations and what its nodes use."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1] * 4), helper.make_node("Relu", ["y"], ["z"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("ai.onnx.ml", 3)])
+    normalised = normalise(model).model
+    assert sorted(opset.domain for opset in normalised.opset_import) == ["", "ai.onnx.ml"]
+    assert ort.InferenceSession(normalised.SerializeToString(), providers=["CPUExecutionProvider"])
