@@ -432,7 +432,7 @@ def validate_on(target: Target, model_path: str | os.PathLike, *, measuring: Mea
             cpus=emulation.cpus if emulation else None, max_isa=emulation.max_isa if emulation else None,
             input_shapes={**target.input_shapes, **(input_shapes or {})}, target=target.name,
         )
-        return replace(report, checks=judge(target.budgets, report.measured(), emulation, report.host))
+        return replace(report, checks=judge(target.budgets, report.measured(), emulation))
 
     report = measure()
     if _spread_failed_busy(report):  # the host's own noise, not the model's: measure once more
@@ -446,7 +446,7 @@ def validate_on(target: Target, model_path: str | os.PathLike, *, measuring: Mea
     return report
 
 
-def judge(budgets: Budgets, figures: dict, emulation: Emulation | None, busy_twice: bool = False) -> list:
+def judge(budgets: Budgets, figures: dict, emulation: Emulation | None, *, busy_twice: bool = False) -> list:
     """Check ``figures`` against ``budgets``; when they were measured in emulation, the timing budgets (and, on
     another architecture, the memory budget) are marked emulated with the reason: never a device PASS.
     ``busy_twice``: the figures come from a second measurement on a host busy both times (:func:`validate_on`),

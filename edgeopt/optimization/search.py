@@ -283,7 +283,7 @@ class Builder:
         candidate.validation, candidate.figures = stored["validation"], stored["figures"]
         candidate.timings_ms = stored["timings_ms"]
         busy_twice = any(check["status"] == "unreliable" for check in stored["validation"]["checks"])
-        candidate.checks = judge(self.target.budgets, candidate.figures, self.emulation, busy_twice)
+        candidate.checks = judge(self.target.budgets, candidate.figures, self.emulation, busy_twice=busy_twice)
 
     def _measure_on_device(self, candidate: Candidate) -> None:
         """Measure on a free device of the pool (cached per device); a device lost mid-run leaves it unmeasured."""
