@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from edgeopt.data import SampleSet
+from edgeopt.device.agreement import finite_pairs, row_cosines, sample_cosines
 from edgeopt.device.runtime import RuntimeSettings, open_session, runtime_for
 from edgeopt.device.task_metric import MetricCheck, MetricSpec, MetricValues
 from edgeopt.errors import BadInputError
@@ -32,7 +33,7 @@ class Fidelity:
     mean_abs_error: float
     top1_agreement: float | None  # share of samples whose argmax matches (classifier outputs only)
     output: str | None = None  # the output's name
-    non_finite: int = 0  # samples whose output holds inf or NaN where the original's does not (cosine 0 each)
+    non_finite: int = 0  # samples whose output is inf or NaN where the original's is finite (cosine 0 each)
 
 
 @dataclass(frozen=True)
@@ -270,31 +271,6 @@ def language_model_ids(predict, samples: SampleSet) -> np.ndarray | None:
     return np.concatenate([next(iter(sample.values())) for sample in samples.samples])
 
 
-def sample_cosines(outputs: np.ndarray, reference: np.ndarray) -> np.ndarray:
-    """Cosine similarity of each sample's output to the reference's (samples x ...; 1 where both are zero); a
-    sample with inf or NaN the reference does not share scores 0 (:func:`finite_pairs`)."""
-    a, b, broken = finite_pairs(outputs, reference)
-    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
-    both_zero = (np.linalg.norm(a, axis=1) == 0) & (np.linalg.norm(b, axis=1) == 0)
-    cosines = np.where(norms > 0, np.sum(a * b, axis=1) / np.maximum(norms, 1e-300), np.where(both_zero, 1.0, 0.0))
-    return np.where(broken, 0.0, cosines)
-
-
-def finite_pairs(outputs: np.ndarray, reference: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``outputs`` and ``reference`` as float64 samples x values, where both hold the same inf or NaN set to 0
-    (they agree: a log of an exact zero in both), and the samples still holding a non-finite value in either
-    zeroed too, with their mask: an INT8 log-mel that rounds a power to 0 gives -inf where FP32 is finite."""
-    a = outputs.astype(np.float64).reshape(len(outputs), -1)
-    b = reference.astype(np.float64).reshape(len(reference), -1)
-    finite_a, finite_b = np.isfinite(a), np.isfinite(b)
-    if finite_a.all() and finite_b.all():
-        return a, b, np.zeros(len(a), dtype=bool)
-    same = ~finite_b & ((a == b) | (np.isnan(a) & np.isnan(b)))
-    broken = ~((finite_a | same).all(axis=1) & (finite_b | same).all(axis=1))
-    clear = same | broken[:, None]
-    return np.where(clear, 0.0, a), np.where(clear, 0.0, b), broken
-
-
 CENTRED_MIN_SPREAD = 1e-3  # of the reference's RMS: below it, one value per sample is compared uncentred
 CENTRED_MIN_SAMPLES = 4
 
@@ -320,16 +296,16 @@ def compare_outputs(outputs: np.ndarray, reference: np.ndarray, output: str | No
     value per sample (a VAD's speech probability, a score): the cosine of one number is only its sign, so those
     are compared as one vector across the samples, centred on the reference's mean (:func:`centred_cosine`)."""
     a, b, broken = finite_pairs(outputs, reference)
-    clean = ~broken  # a broken sample (inf or NaN the reference lacks) scores cosine 0; errors are the others'
+    clean = ~broken  # a broken sample (inf or NaN the reference lacks) scores cosine 0 and disagrees
     scalar = a.shape[1] == 1 and len(a) > 1
     if scalar:
         cosine = centred_cosine(a[clean, 0], b[clean, 0]) * float(clean.mean()) if clean.any() else 0.0
     else:
-        cosine = float(np.where(broken, 0.0, sample_cosines(a, b)).mean())
-    error = np.abs(a[clean] - b[clean]) if clean.any() else np.full(1, np.inf)
+        cosine = float(np.where(broken, 0.0, row_cosines(a, b)).mean())
+    error = np.abs(a[clean] - b[clean]) if clean.any() else np.full(1, np.inf)  # the finite samples' errors
     classifier = a.shape[1] > 1 if classifier is None else classifier
-    agreement = float(np.mean(a.argmax(axis=1) == b.argmax(axis=1))) if classifier and not scalar and a.shape[1] > 1 \
-        else None
+    agreement = (float(np.mean((a.argmax(axis=1) == b.argmax(axis=1)) & clean))
+                 if classifier and not scalar and a.shape[1] > 1 else None)
     return Fidelity(cosine, float(error.max()), float(error.mean()), agreement, output, int(broken.sum()))
 
 

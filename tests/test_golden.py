@@ -210,3 +210,14 @@ def test_a_golden_set_keyed_input_checks_a_factory_model_whose_input_took_forwar
                  "--runs", 5, "--warmup", 1, "--min-seconds", 0)
     assert result.exit_code in (0, 4), result.output  # 4: the generic profile's budgets on a busy host
     assert "golden set" in result.output and "PASS" in result.output, result.output
+
+
+def test_golden_errors_agree_with_the_gate_on_non_finite_values():
+    """The device's golden check reads inf and NaN as the host's gate does (edgeopt.device.agreement): the
+    reference's own -inf is left out; an output inf where the reference is finite is no agreement."""
+    from edgeopt.device.golden import _errors
+
+    reference = np.array([[-np.inf, 1.0, 2.0]], np.float32)
+    assert _errors(np.array([[-np.inf, 1.0, 2.0]], np.float32), reference) == (pytest.approx(1.0), 0.0)
+    assert _errors(np.array([[0.0, 1.0, 2.0]], np.float32), reference) == (pytest.approx(1.0), 0.0)
+    assert _errors(np.array([[-np.inf, -np.inf, 2.0]], np.float32), reference) == (0.0, float("inf"))

@@ -234,20 +234,23 @@ def test_long_output_names_wrap_in_the_fidelity_table(capsys):
 
 def test_inf_or_nan_the_original_lacks_fails_the_gate_and_shared_ones_agree():
     """An INT8 log-mel that rounds a power to 0 gives -inf where FP32 is finite (openWakeWord's melspectrogram):
-    such a sample scores cosine 0, is counted, and fails the gate whatever the cosine; an inf both give agrees."""
+    such a sample scores cosine 0, disagrees, is counted, and fails the gate whatever the cosine; where the
+    original itself gives inf or NaN, that position is left out (not the candidate's error)."""
     from edgeopt.evaluate import compare_outputs
 
     rng = np.random.default_rng(0)
     reference = rng.normal(size=(10, 32)).astype(np.float32)
-    reference[0, 3] = -np.inf  # the original's own log of an exact zero
+    reference[0, 3], reference[1, 2] = -np.inf, np.nan  # the original's own log of an exact zero, and a NaN
     outputs = reference + rng.normal(scale=1e-3, size=reference.shape).astype(np.float32)
-    outputs[0, 3] = -np.inf
+    outputs[0, 3], outputs[1, 2] = -np.inf, 0.5  # the same inf; a finite value where the original has NaN
     agreeing = compare_outputs(outputs, reference, output="mel")
     assert agreeing.non_finite == 0 and agreeing.cosine > 0.999 and np.isfinite(agreeing.max_abs_error)
-    outputs[4, 7], outputs[6, 0] = -np.inf, np.nan
+    assert agreeing.top1_agreement == 1.0
+    outputs[4, 7], outputs[6, :] = -np.inf, np.nan
     broken = compare_outputs(outputs, reference, output="mel")
     assert broken.non_finite == 2 and broken.cosine == pytest.approx(0.8, abs=1e-5)  # 8 of 10 samples at ~1
     assert np.isfinite(broken.max_abs_error)  # the finite samples' errors
+    assert broken.top1_agreement == pytest.approx(0.8)  # a broken sample disagrees
     scores = compare_outputs(outputs[:, :1], reference[:, :1] + 1.0, output="score")  # one value per sample
     assert scores.non_finite == 1 and 0 < scores.cosine < 1 and type(scores.cosine) is float  # reports: JSON
     gate = QualityGate(min_cosine=0.5)

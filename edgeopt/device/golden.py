@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgeopt.device.agreement import finite_pairs, row_cosines
 from edgeopt.device.runtime import one_input_alias
 from edgeopt.device.task_metric import MetricCheck, MetricSpec, MetricValues, call_metric
 from edgeopt.errors import BadInputError, first_line
@@ -188,8 +189,8 @@ def compare(golden: GoldenSet, predict, metric_function=None, spec: MetricSpec |
         cosines = np.array([s[name][0] for s in per_sample])
         worst_abs = max(s[name][1] for s in per_sample)
         tolerance = golden.tolerance(name)
-        ok = cosines.mean() >= tolerance.min_cosine and (tolerance.max_abs_error is None
-                                                         or worst_abs <= tolerance.max_abs_error)
+        ok = cosines.mean() >= tolerance.min_cosine and np.isfinite(worst_abs) and (  # inf: an output inf or NaN
+            tolerance.max_abs_error is None or worst_abs <= tolerance.max_abs_error)  # where the reference is finite
         checks.append(OutputCheck(name, float(cosines.mean()), float(cosines.min()), float(worst_abs), tolerance,
                                   bool(ok)))
     order = sorted(range(len(per_sample)), key=lambda i: min(c for c, _ in per_sample[i].values()))
@@ -233,9 +234,10 @@ def _errors(output: np.ndarray, reference: np.ndarray) -> tuple[float, float]:
     b = reference.astype(np.float64).reshape(-1)
     if a.shape != b.shape:
         raise BadInputError(f"an output has {a.size} values, the golden set's {b.size}")
-    norms = np.linalg.norm(a) * np.linalg.norm(b)
-    cosine = float(a @ b / norms) if norms > 0 else (1.0 if not a.any() and not b.any() else 0.0)
-    return cosine, float(np.abs(a - b).max()) if a.size else 0.0
+    a, b, broken = finite_pairs(a[None], b[None])  # as the host's gate: the reference's own inf left out
+    if broken[0]:  # inf or NaN where the reference is finite: never within a tolerance (reported as null)
+        return 0.0, float("inf")
+    return float(row_cosines(a, b)[0]), float(np.abs(a - b).max()) if a.size else 0.0
 
 
 def load_metric_file(golden: GoldenSet):
