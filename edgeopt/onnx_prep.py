@@ -510,14 +510,16 @@ def scalar_if_conditions(model) -> int:
     import onnx
 
     graph = model.graph
-    nodes, count = [], 0
+    nodes, scalars, count = [], {}, 0
     for node in graph.node:
         if node.op_type == "If":
-            scalar = f"{node.input[0]}_edgeopt_scalar"
-            shape = onnx.helper.make_node("Constant", [], [f"{scalar}_shape"],
-                                          value=onnx.numpy_helper.from_array(np.zeros(0, np.int64)))
-            nodes += [shape, onnx.helper.make_node("Reshape", [node.input[0], f"{scalar}_shape"], [scalar])]
-            node.input[0] = scalar
+            condition = node.input[0]
+            if condition not in scalars:  # one Reshape per condition, however many Ifs read it
+                scalars[condition] = scalar = f"{condition}_edgeopt_scalar"
+                shape = onnx.helper.make_node("Constant", [], [f"{scalar}_shape"],
+                                              value=onnx.numpy_helper.from_array(np.zeros(0, np.int64)))
+                nodes += [shape, onnx.helper.make_node("Reshape", [condition, f"{scalar}_shape"], [scalar])]
+            node.input[0] = scalars[condition]
             count += 1
         nodes.append(node)
     if count:

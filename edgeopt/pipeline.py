@@ -383,9 +383,12 @@ def _formats(model: str | Path, formats: tuple[str, ...] | str | None, target: T
                         f"{target.name} runs {target.settings.runtime} (--format {','.join(FORMATS)} writes both)")
             formats = (device,)
         accepted = [f for f in formats if all(f in step.info.formats for step in recipe.stage(GRAPH))]
+        steps = [f"{step.name} writes {', '.join(FORMATS[f].label for f in step.info.formats)} only"
+                 for step in recipe.stage(GRAPH) if any(f not in step.info.formats for f in formats)]
+        if device is not None and not accepted:  # no step can write what the target runs
+            raise BadInputError(f"target {target.name} runs {target.settings.runtime}, which reads "
+                                f"{FORMATS[device].label} files; " + "; ".join(steps))
         if accepted and len(accepted) < len(formats):  # by default, the formats every graph step writes
-            steps = [f"{step.name} writes {', '.join(FORMATS[f].label for f in step.info.formats)} only"
-                     for step in recipe.stage(GRAPH) if any(f not in step.info.formats for f in formats)]
             left_out = (f"{', '.join(FORMATS[f].label for f in formats if f not in accepted)}: not written: "
                         + "; ".join(steps))
             formats = tuple(accepted)

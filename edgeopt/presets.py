@@ -57,7 +57,8 @@ class AutoPresets:
 
 
 def negative_tail_activations(ov_model) -> list[str]:
-    """The op types of ``ov_model``'s activations with a negative tail (``NEGATIVE_TAIL``), sorted."""
+    """The activations with a negative tail (``NEGATIVE_TAIL``) in ``ov_model``, by op type (PRelu named
+    "PRelu/LeakyRelu": OpenVINO reads both as PRelu), sorted."""
     found = {op.get_type_name() for op in ov_model.get_ops() if op.get_type_name() in NEGATIVE_TAIL}
     return sorted("PRelu/LeakyRelu" if name == "PRelu" else name for name in found)  # OpenVINO reads both as PRelu
 

@@ -102,3 +102,25 @@ def test_an_if_condition_of_shape_1x1_is_read_as_a_scalar(cli, branching, tmp_pa
         feeds = {"input": data["input"][index], "sr": np.array(rate, np.int64)}
         expected = ov.Core().compile_model(str(path), "CPU")(feeds)[0]
         assert np.allclose(session(feeds)[0], expected, atol=0.2 * np.abs(expected).max())
+
+
+def test_two_ifs_reading_one_condition_get_one_scalar():
+    """Two Ifs on one [1, 1] condition: one Reshape serves both (two would define one tensor twice, which
+    onnx.checker and ONNX Runtime refuse)."""
+    from edgeopt.onnx_prep import scalar_if_conditions
+
+    def branch(name: str):
+        return helper.make_graph([helper.make_node("Identity", ["x"], [f"{name}_y"])], name, [],
+                                 [helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, [1])])
+
+    nodes = [helper.make_node("Reshape", ["flag", "shape"], ["cond"]),
+             helper.make_node("If", ["cond"], ["a"], then_branch=branch("t1"), else_branch=branch("e1")),
+             helper.make_node("If", ["cond"], ["b"], then_branch=branch("t2"), else_branch=branch("e2"))]
+    graph = helper.make_graph(nodes, "two", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1]),
+                                             helper.make_tensor_value_info("flag", TensorProto.BOOL, [1])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1]) for n in "ab"],
+                              [numpy_helper.from_array(np.array([1, 1], np.int64), "shape")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    assert scalar_if_conditions(model) == 2
+    onnx.checker.check_model(model, full_check=True)
+    assert sum(node.op_type == "Reshape" for node in model.graph.node) == 2  # the model's own, and one more

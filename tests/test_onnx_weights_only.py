@@ -217,7 +217,9 @@ def test_the_gate_floor_binds_weights_only_too_and_the_reason_names_it_where_it_
     assert f'onnx_backend = "{WEIGHTS_ONLY}" pins it' in reason
     none[2].p50_ratio_interval = (0.65, 0.8)  # not slower than FP32: quantize_onnx takes it as the rescue
     assert weights_only_rescue(none, chosen, 0.99) is none[2]
-    none[2].p50_ratio_interval = (1.05, 1.2)  # wholly slower than FP32: the hint only
+    none[2].p50_ratio_interval = (1.05, 1.2)  # a tie with FP32 (it computes as FP32 does): still the rescue
+    assert weights_only_rescue(none, chosen, 0.99) is none[2]
+    none[2].p50_ratio_interval = (1.15, 1.3)  # decisively slower than FP32: the hint only
     assert weights_only_rescue(none, chosen, 0.99) is None
     assert weights_only_rescue(none, chosen, None) is None and weights_only_rescue(above, above[1], 0.99) is None
 
@@ -281,3 +283,30 @@ def test_a_pinned_backend_is_kept_when_weights_only_would_rescue_the_gate(cli, t
     assert decided["backend"] == "ort", decided
     wo = [c for c in decided["candidates"] if c["backend"] == "weights-only"]
     assert not wo or (not wo[0]["contender"] and (result.exit_code == 0 or decided["rescue"] is not None))
+
+
+def test_weights_only_rescues_a_gate_every_int8_compute_file_misses():
+    """An outlier channel the output never reads (its weights row 0) sets the per-tensor input scale, so int8
+    activations round every other value to 0: each int8-compute candidate misses the gate's cosine, weights-only
+    (float activations) reaches it and, computing as FP32 does, is chosen as the rescue, and the report says so."""
+    from edgeopt.data import SampleSet
+    from edgeopt.passes.onnx_int8 import WEIGHTS_ONLY, quantize_onnx
+
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((512, 512)).astype(np.float32) / 20
+    weight[0] = 0.0  # the outlier channel does not reach the output
+    model = _model([helper.make_node("MatMul", ["x", "W"], ["y"])], [numpy_helper.from_array(weight, "W")],
+                   inputs=(("x", [1, 512]),), outputs=(("y", [1, 512]),))
+
+    def samples(count: int) -> list[dict]:
+        rows = rng.standard_normal((count, 1, 512)).astype(np.float32)
+        rows[:, 0, 0] = 1e4
+        return [{"x": row} for row in rows]
+
+    result = quantize_onnx(model, SampleSet(samples(32), None, "calibration"), subset_size=32, nncf_options={},
+                           held_out=SampleSet(samples(16), None, "evaluation"), cosine_floor=0.99)
+    decided = result.describe()
+    computed = [c for c in result.candidates if c.backend != WEIGHTS_ONLY and c.cosine is not None]
+    assert computed and all(c.cosine < 0.9 for c in computed), [(c.backend, c.cosine) for c in computed]
+    assert result.backend == WEIGHTS_ONLY and decided["chosen_by"] == "rescue" and decided["rescue"] is None
+    assert "as a rescue" in decided["reason"] and "pins int8 compute" in decided["reason"]

@@ -242,3 +242,7 @@ def test_a_target_without_format_writes_the_format_it_runs(cli, tiny_factory, ti
     assert list(report["quality"]["artifacts"]) == ["onnx"]
     assert any("not written: target raspberry-pi-5-onnxruntime runs onnxruntime (--format openvino,onnx writes both)"
                in note for note in report["notes"]), report["notes"]
+    result = cli("compress", tiny_factory, "--calib", tiny_calib, "--eval", tiny_calib, "--target",
+                 "raspberry-pi-5-onnxruntime", "--repair", "--out", tmp_path / "r")  # repair writes IR only
+    assert result.exit_code == 2 and "target raspberry-pi-5-onnxruntime runs onnxruntime, which reads ONNX files; " \
+        "int8_repair writes OpenVINO IR only" in result.output, result.output

