@@ -510,22 +510,20 @@ def anchor(fp32_onnx: Path, samples: list[dict], out: Path) -> tuple[Path | None
 
 
 def per_output_cosine(got: list[list[np.ndarray]], want: list[list[np.ndarray]]) -> list[float]:
-    """Per output, the mean cosine over samples; an output of one value per sample is compared across samples
-    (as edgeopt's gate does: the cosine of one number is only its sign)."""
+    """Per output, the mean cosine over samples (``edgeopt.device.agreement``: the reference's own inf or NaN left
+    out, an output inf or NaN where it is finite scores 0); an output of one value per sample is compared across
+    samples, uncentred (the gate centres it on the reference's mean: the cosine of one number is only its sign)."""
+    from edgeopt.device.agreement import sample_cosines
+
     cosines = []
     for index in range(len(want[0])):
         if np.size(want[0][index]) == 1:
-            a = np.array([np.ravel(g[index])[0] for g in got], np.float64)
-            b = np.array([np.ravel(w[index])[0] for w in want], np.float64)
-            norms = np.linalg.norm(a) * np.linalg.norm(b)
-            cosines.append(round(float(a @ b / norms) if norms > 0 else float(np.allclose(a, b)), 4))
+            a = np.array([[np.ravel(g[index])[0] for g in got]], np.float64)
+            b = np.array([[np.ravel(w[index])[0] for w in want]], np.float64)
+            cosines.append(round(float(sample_cosines(a, b)[0]), 4))
             continue
-        values = []
-        for g, w in zip(got, want):
-            a = np.asarray(g[index], dtype=np.float64).ravel()
-            b = np.asarray(w[index], dtype=np.float64).ravel()
-            norms = np.linalg.norm(a) * np.linalg.norm(b)
-            values.append(float(a @ b / norms) if norms > 0 else float(np.allclose(a, b, atol=1e-6)))
+        values = [float(sample_cosines(np.asarray(g[index]).reshape(1, -1), np.asarray(w[index]).reshape(1, -1))[0])
+                  for g, w in zip(got, want)]
         cosines.append(round(float(np.mean(values)), 4))
     return cosines
 

@@ -98,7 +98,7 @@ class QualityGate:
     def check(self, reference: Quality, candidate: Quality) -> tuple[bool, str]:
         """Top-1 drop on the labelled output when labels exist; cosine on every other gated output (the worst
         one decides; on the labelled one too with ``cosine_on_labelled``); a gated output giving inf or NaN where
-        the original does not fails; with a task metric, the metric alone."""
+        the original's is finite fails; with a task metric, the metric alone."""
         checked = self.metric_check(reference, candidate)
         if checked is not None:
             return checked.passed, checked.message()
@@ -295,18 +295,24 @@ def compare_outputs(outputs: np.ndarray, reference: np.ndarray, output: str | No
     default: any output of more than one value per sample). The cosine is per sample, except for an output of one
     value per sample (a VAD's speech probability, a score): the cosine of one number is only its sign, so those
     are compared as one vector across the samples, centred on the reference's mean (:func:`centred_cosine`)."""
-    a, b, broken = finite_pairs(outputs, reference)
+    a, b, broken, kept = finite_pairs(outputs, reference)
+    if a.shape[1] == 0:  # an empty output: nothing to disagree on
+        return Fidelity(1.0, 0.0, 0.0, None, output)
     clean = ~broken  # a broken sample (inf or NaN the reference lacks) scores cosine 0 and disagrees
     scalar = a.shape[1] == 1 and len(a) > 1
-    if scalar:
-        cosine = centred_cosine(a[clean, 0], b[clean, 0]) * float(clean.mean()) if clean.any() else 0.0
+    if scalar:  # the samples whose reference is not finite are left out
+        rows, considered = clean & kept[:, 0], kept[:, 0]
+        cosine = (centred_cosine(a[rows, 0], b[rows, 0]) * float(clean[considered].mean()) if rows.any()
+                  else 1.0 if not considered.any() else 0.0)
     else:
         cosine = float(np.where(broken, 0.0, row_cosines(a, b)).mean())
-    error = np.abs(a[clean] - b[clean]) if clean.any() else np.full(1, np.inf)  # the finite samples' errors
+    errors = np.abs(a - b)[clean[:, None] & kept]  # the compared positions of the finite samples
+    largest = float(errors.max()) if errors.size else float("inf") if broken.any() else 0.0
     classifier = a.shape[1] > 1 if classifier is None else classifier
-    agreement = (float(np.mean((a.argmax(axis=1) == b.argmax(axis=1)) & clean))
-                 if classifier and not scalar and a.shape[1] > 1 else None)
-    return Fidelity(cosine, float(error.max()), float(error.mean()), agreement, output, int(broken.sum()))
+    agreement = (float(np.mean((np.where(kept, a, -np.inf).argmax(axis=1) == np.where(kept, b, -np.inf).argmax(axis=1))
+                               & clean)) if classifier and not scalar and a.shape[1] > 1 else None)
+    return Fidelity(cosine, largest, float(errors.mean()) if errors.size else largest, agreement, output,
+                    int(broken.sum()))
 
 
 @dataclass(frozen=True)

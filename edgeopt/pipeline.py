@@ -278,8 +278,9 @@ def _compress_loaded(model, calibration, recipe: Recipe, *, out, profile: Target
                 result.notes.append("dynamic input dimensions sized by the calibration data's samples (no "
                                     "--input-shape): " + ", ".join(loaded.sized_by_data))
             result.notes.extend(_fixed_dims_notes(source.fixed_dims(), reopened, unchecked))
-            pixels = raw_pixel_inputs(calib, source.inputs)
-            if pixels:
+            int8 = any(name.startswith("int8") for name in recipe.names)
+            pixels = raw_pixel_inputs(calib, source.inputs) if int8 and not Path(str(calibration)).is_dir() else []
+            if pixels:  # an image folder's scale is the user's own choice (its preprocess.toml)
                 result.notes.append(f"the calibration data for {', '.join(pixels)} hold whole numbers 0-255, raw "
                                     "pixels: if the model's own preprocessing scales or normalises them (/255, mean "
                                     "and std), give the values it makes; INT8 calibrated on other values fails")
@@ -379,8 +380,8 @@ def _formats(model: str | Path, formats: tuple[str, ...] | str | None, target: T
     if isinstance(formats, str):
         formats = parse_formats(formats)
     left_out = None
+    native = format_of(model).name if Path(model).suffix.lower() in model_suffixes() else None
     if formats is None:
-        native = format_of(model).name if Path(model).suffix.lower() in model_suffixes() else None
         formats = (REFERENCE,) if native == REFERENCE else tuple(FORMATS)
         device = format_for_runtime(target.settings.runtime).name if target is not None else None
         if device in formats and len(formats) > 1:
@@ -388,12 +389,9 @@ def _formats(model: str | Path, formats: tuple[str, ...] | str | None, target: T
                         f"{target.name} runs {target.settings.runtime} (--format {','.join(FORMATS)} writes both)")
             formats = (device,)
         accepted = [f for f in formats if all(f in step.info.formats for step in recipe.stage(GRAPH))]
-        steps = [f"{step.name} writes {', '.join(FORMATS[f].label for f in step.info.formats)} only"
-                 for step in recipe.stage(GRAPH) if any(f not in step.info.formats for f in formats)]
-        if device is not None and not accepted:  # no step can write what the target runs
-            raise BadInputError(f"target {target.name} runs {target.settings.runtime}, which reads "
-                                f"{FORMATS[device].label} files; " + "; ".join(steps))
         if accepted and len(accepted) < len(formats):  # by default, the formats every graph step writes
+            steps = [f"{step.name} writes {', '.join(FORMATS[f].label for f in step.info.formats)} only"
+                     for step in recipe.stage(GRAPH) if any(f not in step.info.formats for f in formats)]
             left_out = (f"{', '.join(FORMATS[f].label for f in formats if f not in accepted)}: not written: "
                         + "; ".join(steps))
             formats = tuple(accepted)
@@ -402,6 +400,13 @@ def _formats(model: str | Path, formats: tuple[str, ...] | str | None, target: T
         raise BadInputError(f"unknown format(s) {', '.join(unknown)} (known: {', '.join(FORMATS)})")
     if target is not None:
         needed = format_for_runtime(target.settings.runtime).name
+        reads = f"target {target.name} runs {target.settings.runtime}, which reads {FORMATS[needed].label} files"
+        if native == REFERENCE and needed != REFERENCE:
+            raise BadInputError(f"{reads}; an OpenVINO IR source is written as OpenVINO IR only")
+        blocked = [f"{step.name} writes {', '.join(FORMATS[f].label for f in step.info.formats)} only"
+                   for step in recipe.stage(GRAPH) if needed not in step.info.formats]
+        if blocked:  # whatever --format asks, no file the target runs could be written
+            raise BadInputError(f"{reads}; " + "; ".join(blocked))
         if needed not in formats:
             raise BadInputError(f"target {target.name} runs {target.settings.runtime}: --format must include {needed}")
     return tuple(formats), left_out

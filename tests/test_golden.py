@@ -221,3 +221,20 @@ def test_golden_errors_agree_with_the_gate_on_non_finite_values():
     assert _errors(np.array([[-np.inf, 1.0, 2.0]], np.float32), reference) == (pytest.approx(1.0), 0.0)
     assert _errors(np.array([[0.0, 1.0, 2.0]], np.float32), reference) == (pytest.approx(1.0), 0.0)
     assert _errors(np.array([[-np.inf, -np.inf, 2.0]], np.float32), reference) == (0.0, float("inf"))
+
+
+def test_a_golden_output_inf_where_the_reference_is_finite_is_named_after_a_json_round_trip():
+    """The device writes an inf error as null (edgeopt.jsonio); the message read back from that JSON names the
+    inf or NaN rather than showing a passing cosine, and does not crash on the null."""
+    import json
+
+    from edgeopt import jsonio
+    from edgeopt.device.golden import golden_message
+
+    result = {"golden": "g", "outputs": [{"name": "y", "cosine": 0.995, "worst_cosine": 0.0, "max_abs_error": np.inf,
+                                          "tolerance": {"min_cosine": 0.99, "max_abs_error": None}, "passed": False}],
+              "worst_samples": [{"index": 3, "outputs": {"y": {"cosine": 0.0, "max_abs_error": np.inf}}}],
+              "metric": None}
+    message = golden_message(json.loads(jsonio.dumps(result)))
+    assert "output 'y' inf or NaN where the golden output is finite, cosine 0.99500" in message, message
+    assert "#3 (y: cosine 0.0000, max abs inf/NaN)" in message

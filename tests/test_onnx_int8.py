@@ -635,6 +635,11 @@ def test_the_logit_of_an_output_sigmoid_stays_float_so_positives_still_fire(tmp_
                               [helper.make_tensor_value_info("score", TensorProto.FLOAT, [1, 1])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     assert output_heads(model) == [("score_head", "edgeopt_Sigmoid_3")]
+    flipped = onnx.ModelProto()  # a bias Add with the constant first, as some exporters write it
+    flipped.CopyFrom(model)
+    flipped.graph.node[2].output[0] = "product"
+    flipped.graph.node.insert(3, helper.make_node("Add", ["b2", "product"], ["logit"]))
+    assert output_heads(flipped) == [("score_head", "edgeopt_Sigmoid_3")]  # named above
 
     def sample(first: tuple[float, float], second: tuple[float, float]) -> dict:
         return {"x": np.concatenate([rng.uniform(*first, 8), rng.uniform(*second, 8)])[None].astype(np.float32)}

@@ -252,6 +252,17 @@ def test_inf_or_nan_the_original_lacks_fails_the_gate_and_shared_ones_agree():
     assert np.isfinite(broken.max_abs_error)  # the finite samples' errors
     assert broken.top1_agreement == pytest.approx(0.8)  # a broken sample disagrees
     scores = compare_outputs(outputs[:, :1], reference[:, :1] + 1.0, output="score")  # one value per sample
+    vad = rng.uniform(0, 1, (20, 1))
+    noisy = vad + rng.normal(0, 0.2, vad.shape)
+    plain = compare_outputs(noisy, vad, output="speech").cosine
+    vad[:5] = np.nan  # the original's own NaN scores are left out, not read as agreement
+    assert compare_outputs(noisy, vad, output="speech").cosine == pytest.approx(compare_outputs(
+        noisy[5:], vad[5:], output="speech").cosine) and compare_outputs(noisy, vad).cosine < plain + 0.1
+    with np.errstate(divide="ignore"):
+        logprobs = np.log(np.array([[0.0, 0.7, 0.3], [0.0, 0.2, 0.8]]))  # -inf at class 0 in the original
+    swapped = np.log(np.array([[0.01, 0.3, 0.7], [0.01, 0.8, 0.2]]))  # finite, the other class on top
+    assert compare_outputs(swapped, logprobs).top1_agreement == 0.0  # not 1.0 from the zero-filled -inf
+    assert compare_outputs(np.zeros((4, 0)), np.zeros((4, 0))).cosine == 1.0  # an empty output
     assert scores.non_finite == 1 and 0 < scores.cosine < 1 and type(scores.cosine) is float  # reports: JSON
     gate = QualityGate(min_cosine=0.5)
     original = Quality("fp32", None, None)

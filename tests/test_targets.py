@@ -242,7 +242,13 @@ def test_a_target_without_format_writes_the_format_it_runs(cli, tiny_factory, ti
     assert list(report["quality"]["artifacts"]) == ["onnx"]
     assert any("not written: target raspberry-pi-5-onnxruntime runs onnxruntime (--format openvino,onnx writes both)"
                in note for note in report["notes"]), report["notes"]
-    result = cli("compress", tiny_factory, "--calib", tiny_calib, "--eval", tiny_calib, "--target",
-                 "raspberry-pi-5-onnxruntime", "--repair", "--out", tmp_path / "r")  # repair writes IR only
-    assert result.exit_code == 2 and "target raspberry-pi-5-onnxruntime runs onnxruntime, which reads ONNX files; " \
-        "int8_repair writes OpenVINO IR only" in result.output, result.output
+    said = "target raspberry-pi-5-onnxruntime runs onnxruntime, which reads ONNX files; "
+    for formats in ((), ("--format", "onnx"), ("--format", "openvino"), ("--format", "openvino,onnx")):
+        result = cli("compress", tiny_factory, "--calib", tiny_calib, "--eval", tiny_calib, "--target",
+                     "raspberry-pi-5-onnxruntime", "--repair", *formats, "--out", tmp_path / "r")  # IR only
+        assert result.exit_code == 2 and said + "int8_repair writes OpenVINO IR only" in result.output, result.output
+    ir = tmp_path / "ir"
+    assert cli("compress", tiny_factory, "--calib", tiny_calib, "--format", "openvino", "--out", ir).exit_code == 0
+    result = cli("compress", ir / "model.xml", "--calib", tiny_calib, "--target", "raspberry-pi-5-onnxruntime",
+                 "--out", tmp_path / "from-ir")
+    assert result.exit_code == 2 and said + "an OpenVINO IR source is written as OpenVINO IR only" in result.output

@@ -126,7 +126,6 @@ def _trust(args):
 
 
 def _validate(args) -> None:
-    import json
     import time
 
     from edgeopt.atomic import write_text
@@ -146,7 +145,7 @@ def _validate(args) -> None:
         session = {"lock": lock, "lock_wait_s": round(waited, 3), "started_unix": started, "ended_unix": time.time()}
     if args.json_out:
         data = device_result(report, bundle, session)
-        text = json.dumps(data, indent=2, allow_nan=False)
+        text = jsonio.dumps(data, indent=2)  # a golden output's inf error is null
         if args.json_out == "-":
             print(text)
         else:

@@ -130,17 +130,28 @@ def golden_message(result: dict) -> str:
         if not output["passed"]:
             tolerance = output["tolerance"]
             bound = f"cosine {output['cosine']:.5f} (min {tolerance['min_cosine']})"
-            if tolerance["max_abs_error"] is not None:
+            if _broken(output["max_abs_error"]):
+                bound = f"inf or NaN where the golden output is finite, {bound}"
+            elif tolerance["max_abs_error"] is not None:
                 bound += f", max abs error {output['max_abs_error']:.4g} (max {tolerance['max_abs_error']})"
             failed.append(f"output '{output['name']}' {bound}")
     metric = result.get("metric")
     if metric is not None and not metric["passed"]:
         failed.append(f"{metric['primary']} {metric['value']:.6g} vs {metric['reference']:.6g} (drop "
                       f"{metric['drop']:.4g}, max {metric['threshold']:.4g}; metric {metric['name']})")
-    worst = "; ".join(f"#{w['index']} (" + ", ".join(f"{name}: cosine {e['cosine']:.4f}, max abs {e['max_abs_error']:.4g}"
+    worst = "; ".join(f"#{w['index']} (" + ", ".join(f"{name}: cosine {e['cosine']:.4f}, max abs {_abs(e)}"
                                                     for name, e in w["outputs"].items()) + ")"
                       for w in result["worst_samples"])
     return f"golden set {result['golden']}: {'; '.join(failed) or 'passed'}; worst samples: {worst}"
+
+
+def _abs(errors: dict) -> str:
+    return "inf/NaN" if _broken(errors["max_abs_error"]) else f"{errors['max_abs_error']:.4g}"
+
+
+def _broken(max_abs_error: float | None) -> bool:
+    """An error from an output inf or NaN where the golden one is finite (:func:`_errors`; null once in JSON)."""
+    return max_abs_error is None or not np.isfinite(max_abs_error)
 
 
 def load_golden(folder: str | Path) -> GoldenSet:
@@ -234,7 +245,7 @@ def _errors(output: np.ndarray, reference: np.ndarray) -> tuple[float, float]:
     b = reference.astype(np.float64).reshape(-1)
     if a.shape != b.shape:
         raise BadInputError(f"an output has {a.size} values, the golden set's {b.size}")
-    a, b, broken = finite_pairs(a[None], b[None])  # as the host's gate: the reference's own inf left out
+    a, b, broken, _ = finite_pairs(a[None], b[None])  # as the host's gate: the reference's own inf left out
     if broken[0]:  # inf or NaN where the reference is finite: never within a tolerance (reported as null)
         return 0.0, float("inf")
     return float(row_cosines(a, b)[0]), float(np.abs(a - b).max()) if a.size else 0.0
