@@ -303,10 +303,16 @@ def test_weights_only_rescues_a_gate_every_int8_compute_file_misses():
         rows[:, 0, 0] = 1e4
         return [{"x": row} for row in rows]
 
-    result = quantize_onnx(model, SampleSet(samples(32), None, "calibration"), subset_size=32, nncf_options={},
-                           held_out=SampleSet(samples(16), None, "evaluation"), cosine_floor=0.99)
+    calibration, held_out = SampleSet(samples(32), None, "calibration"), SampleSet(samples(16), None, "evaluation")
+    result = quantize_onnx(model, calibration, subset_size=32, nncf_options={}, held_out=held_out, cosine_floor=0.99)
     decided = result.describe()
     computed = [c for c in result.candidates if c.backend != WEIGHTS_ONLY and c.cosine is not None]
     assert computed and all(c.cosine < 0.9 for c in computed), [(c.backend, c.cosine) for c in computed]
     assert result.backend == WEIGHTS_ONLY and decided["chosen_by"] == "rescue" and decided["rescue"] is None
     assert "as a rescue" in decided["reason"] and "pins int8 compute" in decided["reason"]
+    # a gate judging by a task metric or labels: weights-only is measured for the exit's hint, never chosen
+    hinted = quantize_onnx(model, calibration, subset_size=32, nncf_options={}, held_out=held_out, hint_floor=0.99)
+    rescue = hinted.describe()["rescue"]
+    assert hinted.backend != WEIGHTS_ONLY and hinted.describe()["chosen_by"] != "rescue"
+    assert rescue["backend"] == WEIGHTS_ONLY and rescue["cosine"] > 0.99 and rescue["p50_ratio"] > 0
+    assert not next(c for c in hinted.candidates if c.backend == WEIGHTS_ONLY).contender

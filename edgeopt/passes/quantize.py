@@ -98,7 +98,7 @@ def int8(model: WorkingModel, ctx: PassContext, config: Int8Config) -> None:
                                transformer=quantized.transformer, ffn_down_float=quantized.ffn_down_float,
                                recurrent_float=config.recurrent_float,
                                backends=None if config.onnx_backend == "auto" else (config.onnx_backend,),
-                               held_out=ctx.evaluation, cosine_floor=_cosine_floor(ctx),
+                               held_out=ctx.evaluation, cosine_floor=_cosine_floor(ctx), hint_floor=_hint_floor(ctx),
                                dynamic=_declared_dynamic(model),
                                settings=settings_for("onnxruntime", ctx.target))
         model.graphs["onnx"] = picked.model
@@ -175,6 +175,14 @@ def _cosine_floor(ctx: PassContext) -> float | None:
     if gate is None or gate.metric is not None or (labelled and not gate.cosine_on_labelled):
         return None
     return gate.min_cosine
+
+
+def _hint_floor(ctx: PassContext) -> float | None:
+    """The gate's cosine where it judges the ONNX artifact by something else (a task metric, labels), for the
+    weights-only hint (:func:`edgeopt.passes.onnx_int8.quantize_onnx`); None without evaluation data."""
+    if ctx.gate is None or ctx.evaluation is None or _cosine_floor(ctx) is not None:
+        return None
+    return ctx.gate.min_cosine
 
 
 @dataclass
