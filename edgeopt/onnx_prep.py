@@ -306,12 +306,8 @@ def _drop_unused_opsets(model, declared: set[str]) -> None:
     """Drop, in place, the opset imports no node uses and ``declared`` (the source's) lacks: ONNX Runtime's
     optimiser writes every domain it knows (``ai.onnx.training``, ``com.microsoft.nchwc``, ``org.pytorch.aten``,
     ...; 9 on openWakeWord's embedding model), which other tools may refuse."""
-    used, graphs = {""}, [model.graph]
-    while graphs:
-        for node in graphs.pop().node:
-            used.add(node.domain)
-            graphs.extend(subgraphs(node))
-    kept = [opset for opset in model.opset_import if opset.domain in used | declared]
+    used = {"", *declared, *(node.domain for node in all_nodes(model.graph))}
+    kept = [opset for opset in model.opset_import if opset.domain in used]
     del model.opset_import[:]
     model.opset_import.extend(kept)
 
@@ -358,6 +354,14 @@ def subgraphs(node):
         if attr.HasField("g"):
             yield attr.g
         yield from attr.graphs
+
+
+def all_nodes(graph):
+    """Every node of ``graph`` and of its subgraphs (:func:`subgraphs`), each before the bodies it holds."""
+    for node in graph.node:
+        yield node
+        for sub in subgraphs(node):
+            yield from all_nodes(sub)
 
 
 def unsupported_nodes(model) -> list[tuple[str, str]]:
@@ -584,11 +588,7 @@ def outputs_as_computed(model, feeds: dict) -> list[str]:
 
 def count_ops(model, op_type: str) -> int:
     """How many ``op_type`` nodes ``model`` holds, its subgraphs (``If``/``Loop`` bodies) included."""
-    def visit(graph) -> int:
-        return sum(node.op_type == op_type for node in graph.node) + sum(
-            visit(sub) for node in graph.node for sub in subgraphs(node))
-
-    return visit(model.graph)
+    return sum(node.op_type == op_type for node in all_nodes(model.graph))
 
 
 def pin_inputs(model, values: dict[str, np.ndarray], shapes: dict[str, list[int]]):

