@@ -381,17 +381,17 @@ def _formats(model: str | Path, formats: tuple[str, ...] | str | None, target: T
         formats = parse_formats(formats)
     left_out = None
     native = format_of(model).name if Path(model).suffix.lower() in model_suffixes() else None
+    needed = format_for_runtime(target.settings.runtime).name if target is not None else None  # what it runs
     if formats is None:
         formats = (REFERENCE,) if native == REFERENCE else tuple(FORMATS)
-        device = format_for_runtime(target.settings.runtime).name if target is not None else None
-        if device in formats and len(formats) > 1:
-            left_out = (f"{', '.join(FORMATS[f].label for f in formats if f != device)}: not written: target "
+        if needed in formats and len(formats) > 1:
+            left_out = (f"{', '.join(FORMATS[f].label for f in formats if f != needed)}: not written: target "
                         f"{target.name} runs {target.settings.runtime} (--format {','.join(FORMATS)} writes both)")
-            formats = (device,)
+            formats = (needed,)
         accepted = [f for f in formats if all(f in step.info.formats for step in recipe.stage(GRAPH))]
         if accepted and len(accepted) < len(formats):  # by default, the formats every graph step writes
-            steps = [f"{step.name} writes {', '.join(FORMATS[f].label for f in step.info.formats)} only"
-                     for step in recipe.stage(GRAPH) if any(f not in step.info.formats for f in formats)]
+            steps = [_writes_only(step) for step in recipe.stage(GRAPH) if any(f not in step.info.formats
+                                                                                  for f in formats)]
             left_out = (f"{', '.join(FORMATS[f].label for f in formats if f not in accepted)}: not written: "
                         + "; ".join(steps))
             formats = tuple(accepted)
@@ -399,17 +399,20 @@ def _formats(model: str | Path, formats: tuple[str, ...] | str | None, target: T
     if unknown:
         raise BadInputError(f"unknown format(s) {', '.join(unknown)} (known: {', '.join(FORMATS)})")
     if target is not None:
-        needed = format_for_runtime(target.settings.runtime).name
         reads = f"target {target.name} runs {target.settings.runtime}, which reads {FORMATS[needed].label} files"
         if native == REFERENCE and needed != REFERENCE:
             raise BadInputError(f"{reads}; an OpenVINO IR source is written as OpenVINO IR only")
-        blocked = [f"{step.name} writes {', '.join(FORMATS[f].label for f in step.info.formats)} only"
-                   for step in recipe.stage(GRAPH) if needed not in step.info.formats]
+        blocked = [_writes_only(step) for step in recipe.stage(GRAPH) if needed not in step.info.formats]
         if blocked:  # whatever --format asks, no file the target runs could be written
             raise BadInputError(f"{reads}; " + "; ".join(blocked))
         if needed not in formats:
             raise BadInputError(f"target {target.name} runs {target.settings.runtime}: --format must include {needed}")
     return tuple(formats), left_out
+
+
+def _writes_only(step) -> str:
+    """A graph step's formats, as a reason a format is not written ("int8_repair writes OpenVINO IR only")."""
+    return f"{step.name} writes {', '.join(FORMATS[f].label for f in step.info.formats)} only"
 
 
 def _check_contracts(recipe: Recipe, formats: tuple[str, ...], eval_data) -> None:
