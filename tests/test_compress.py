@@ -226,6 +226,13 @@ def _convs(path, count: int):
     return path
 
 
+def _with_int8_step(cli, tmp_path, model, calib, step: str, out: str, *options):
+    """``compress model`` with a recipe of one int8 step holding the TOML line(s) ``step``, into ``tmp_path/out``."""
+    recipe = tmp_path / f"{out}.toml"
+    recipe.write_text(f'[[step]]\nname = "int8"\n{step}\n')
+    return cli("compress", model, "--calib", calib, "--recipe", recipe, "--out", tmp_path / out, *options)
+
+
 def _ir_conv_weights(xml) -> dict[str, str]:
     """Each Convolution of an IR -> the op its weights come from: ``Constant`` (float), ``Multiply`` (INT8)."""
     import openvino as ov
@@ -239,15 +246,11 @@ def test_ignored_scope_takes_onnx_node_names_and_refuses_unknown_ones(cli, tmp_p
     ``NAME/WithoutBiases`` and gives ``NAME`` to the bias Add, so the name alone left the Conv quantized); a name
     neither graph has is refused instead of silently ignored."""
     model = _convs(tmp_path / "convs.onnx", 2)
-    recipe = tmp_path / "recipe.toml"
-    recipe.write_text('[[step]]\nname = "int8"\nignored_scope = ["/0/Conv"]\n')
-    out = tmp_path / "out"
-    result = cli("compress", model, "--calib", tiny_calib, "--recipe", recipe, "--out", out, "--quiet")
+    result = _with_int8_step(cli, tmp_path, model, tiny_calib, 'ignored_scope = ["/0/Conv"]', "out", "--quiet")
     assert result.exit_code == 0, result.output
-    weights = _ir_conv_weights(out / "model.xml")
+    weights = _ir_conv_weights(tmp_path / "out" / "model.xml")
     assert weights == {"/0/Conv/WithoutBiases": "Constant", "/2/Conv/WithoutBiases": "Multiply"}  # float; INT8
-    recipe.write_text('[[step]]\nname = "int8"\nignored_scope = ["no_such_node"]\n')
-    result = cli("compress", model, "--calib", tiny_calib, "--recipe", recipe, "--out", tmp_path / "o2")
+    result = _with_int8_step(cli, tmp_path, model, tiny_calib, 'ignored_scope = ["no_such_node"]', "o2")
     assert result.exit_code == 2 and "ignored_scope names no operation of the model: no_such_node" in result.output
 
 
@@ -281,11 +284,9 @@ def test_ignored_patterns_keep_every_matching_operation_float_in_both_files(cli,
     regular expression, is refused in one line."""
     import onnx
 
-    model = _convs(tmp_path / "convs.onnx", 3)
-    recipe = tmp_path / "recipe.toml"
-    recipe.write_text('[[step]]\nname = "int8"\nignored_patterns = ["/[02]/"]\nonnx_backend = "ort"\n')
-    out = tmp_path / "out"
-    result = cli("compress", model, "--calib", tiny_calib, "--recipe", recipe, "--out", out, "--quiet")
+    model, out = _convs(tmp_path / "convs.onnx", 3), tmp_path / "out"
+    result = _with_int8_step(cli, tmp_path, model, tiny_calib, 'ignored_patterns = ["/[02]/"]\nonnx_backend = "ort"',
+                             "out", "--quiet")
     assert result.exit_code == 0, result.output
     weights = _ir_conv_weights(out / "model.xml")
     assert weights == {"/0/Conv/WithoutBiases": "Constant", "/2/Conv/WithoutBiases": "Constant",
@@ -298,6 +299,5 @@ def test_ignored_patterns_keep_every_matching_operation_float_in_both_files(cli,
     assert any(n.startswith("int8: ignored_patterns /[02]/ keep ") for n in notes), notes
     for pattern, says in (("/9/", "ignored_patterns match no operation of the model: /9/"),
                           ("[", "ignored_patterns: '[' is not a regular expression")):
-        recipe.write_text(f'[[step]]\nname = "int8"\nignored_patterns = ["{pattern}"]\n')
-        result = cli("compress", model, "--calib", tiny_calib, "--recipe", recipe, "--out", tmp_path / "o2")
+        result = _with_int8_step(cli, tmp_path, model, tiny_calib, f'ignored_patterns = ["{pattern}"]', "o2")
         assert result.exit_code == 2 and says in result.output and "Traceback" not in result.output, result.output
