@@ -714,7 +714,7 @@ def fold_conv_affine(model) -> int:
         conv.input.extend([f"{stem}_w", f"{stem}_b"])
         conv.output[0] = tail.output[0]
     if folded:
-        _replace_nodes(graph, [n for n in graph.node if id(n) not in removed])
+        replace_nodes(graph, [n for n in graph.node if id(n) not in removed])
     return folded
 
 
@@ -767,7 +767,7 @@ def fold_input_affine(model) -> int:
         removed |= {id(node) for node in chain}
         folded += len(chain)
     if folded:
-        _replace_nodes(graph, [n for n in graph.node if id(n) not in removed])
+        replace_nodes(graph, [n for n in graph.node if id(n) not in removed])
     return folded
 
 
@@ -822,7 +822,7 @@ def fold_pads(model) -> int:
         target.input[0] = pad.input[0]
         removed.add(id(pad))
     if removed:
-        _replace_nodes(graph, [n for n in graph.node if id(n) not in removed])
+        replace_nodes(graph, [n for n in graph.node if id(n) not in removed])
     return len(removed)
 
 
@@ -852,7 +852,7 @@ def _per_channel(value: np.ndarray, channels: int, rank: int) -> np.ndarray | No
     return None
 
 
-def _replace_nodes(graph, nodes: list) -> None:
+def replace_nodes(graph, nodes: list) -> None:
     """``graph``'s nodes replaced by ``nodes`` and initializers nothing reads any more dropped."""
     kept = []
     for node in nodes:
@@ -930,5 +930,5 @@ def hard_swishes(model) -> int:
             nodes.extend(added.get(id(node), []))
             if id(node) not in removed:
                 nodes.append(node)
-        _replace_nodes(model.graph, nodes)
+        replace_nodes(model.graph, nodes)
     return len(found)

@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from edgeopt.data import SampleSet
-from edgeopt.passes.onnx_weights_only import symmetric_int8, weights_only
+from edgeopt.passes.onnx_weights_only import fold_weight_dequantize, symmetric_int8, weights_only
 from tests.ort_support import optimized_ops
 
 
@@ -64,6 +64,54 @@ def test_weights_are_stored_int8_and_folded_back_to_float_when_onnx_runtime_load
     cosine = float((got * want).sum() / np.linalg.norm(got) / np.linalg.norm(want))
     assert cosine > 0.9999
     assert len(stored.SerializeToString()) < 0.45 * len(model.SerializeToString())
+
+
+def test_weight_dequantize_is_rewritten_as_nodes_onnx_runtime_folds(tmp_path):
+    """``nncf.compress_weights`` writes int8 weights behind DequantizeLinear, which ONNX Runtime runs on every call
+    (resnet_digits 1.11-1.29x FP32's p50), some with scales its DequantizeLinear refuses (NNCF's ``[out, in]`` for a
+    Conv1d weight, ``[out, 1, 1]`` for a Conv2d one). Rewritten: the same values, folded at load; an activation's
+    DequantizeLinear (QDQ) stays."""
+    rng = np.random.default_rng(0)
+    conv1d = rng.integers(0, 256, (6, 4, 3)).astype(np.uint8)  # asymmetric, scale and zero point [out, in]
+    scale1d, zero1d = rng.random((6, 4)).astype(np.float32) / 50, rng.integers(100, 156, (6, 4)).astype(np.uint8)
+    conv2d = rng.integers(-127, 128, (5, 6, 3, 3)).astype(np.int8)  # symmetric, scale [out, 1, 1]
+    scale2d = rng.random((5, 1, 1)).astype(np.float32) / 50
+    fc = rng.integers(-127, 128, (5, 3)).astype(np.int8)  # per axis 1, as ONNX Runtime takes it
+    scalefc = rng.random(3).astype(np.float32) / 50
+    arrays = {"w1": conv1d, "s1": scale1d, "z1": zero1d, "w2": conv2d, "s2": scale2d,
+              "z2": np.zeros_like(scale2d, np.int8), "w3": fc, "s3": scalefc, "xs": np.float32(0.05),
+              "xz": np.uint8(128)}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w1", "s1", "z1"], ["f1"]),
+             helper.make_node("Conv", ["xd", "f1"], ["h1"]),
+             helper.make_node("Unsqueeze", ["h1", "axes"], ["u"]),
+             helper.make_node("DequantizeLinear", ["w2", "s2", "z2"], ["f2"]),
+             helper.make_node("Conv", ["u", "f2"], ["h2"], pads=[1, 1, 1, 1]),
+             helper.make_node("ReduceMean", ["h2"], ["p"], axes=[2, 3], keepdims=0),
+             helper.make_node("DequantizeLinear", ["w3", "s3"], ["f3"], axis=1),
+             helper.make_node("MatMul", ["p", "f3"], ["y"])]
+    inits = [numpy_helper.from_array(v, k) for k, v in arrays.items()]
+    inits.append(numpy_helper.from_array(np.array([2], np.int64), "axes"))
+    graph = helper.make_graph(nodes, "w", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 10])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    folded = fold_weight_dequantize(model)
+    assert folded == ["w1", "w2", "w3"]
+    assert [n.op_type for n in model.graph.node].count("DequantizeLinear") == 1  # the activation's
+    assert {"s1", "z1", "s2", "z2", "s3"}.isdisjoint(i.name for i in model.graph.initializer)  # nothing reads them
+    x = rng.standard_normal((1, 4, 10)).astype(np.float32)
+    xd = (np.clip(np.rint(x / 0.05) + 128, 0, 255) - 128) * np.float32(0.05)
+    w1 = (conv1d.astype(np.float32) - zero1d[..., None]) * scale1d[..., None]
+    w2 = conv2d * scale2d[..., None]
+    h1 = np.stack([sum(np.convolve(xd[0, i], w1[o, i, ::-1], "valid") for i in range(4)) for o in range(6)])
+    padded = np.pad(h1[:, None, :], ((0, 0), (1, 1), (1, 1)))  # the Unsqueeze, then the Conv's pads
+    h2 = np.array([[[(padded[:, r:r + 3, c:c + 3] * w2[o]).sum() for c in range(8)] for r in range(1)]
+                   for o in range(5)])
+    want = h2.mean(axis=(1, 2)) @ (fc * scalefc)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(session.run(None, {"x": x})[0][0], want, rtol=1e-4, atol=1e-5)
+    assert optimized_ops(model, tmp_path).count("DequantizeLinear") <= 1  # the weights' rebuilt once, at load
 
 
 def test_bias_correction_cancels_the_mean_shift_of_rounding(net):

@@ -3,9 +3,9 @@
 Activations stay in floating point; MatMul/Conv/Gather weights become INT8 (per channel) or INT4 (per group of
 ``group_size`` input channels) with FP16 scales. ``mode="auto"`` picks per model and device profile
 (``default_weight_compression``). Runs on the OpenVINO model and, when ONNX output is wanted, on the ONNX model
-(NNCF's ONNX backend writes INT8 as DequantizeLinear and INT4 as ONNX Runtime's MatMulNBits; INT4 asym is
-refused for ONNX because ONNX Runtime rejects the zero points NNCF writes for it, and GPTQ because NNCF's ONNX
-backend lacks it).
+(NNCF's ONNX backend writes INT8 as DequantizeLinear, rewritten as Cast and Mul that ONNX Runtime folds at load
+(``fold_weight_dequantize``), and INT4 as ONNX Runtime's MatMulNBits; INT4 asym is refused for ONNX because ONNX
+Runtime rejects the zero points NNCF writes for it, and GPTQ because NNCF's ONNX backend lacks it).
 """
 
 from __future__ import annotations
@@ -154,16 +154,16 @@ def weights(model: WorkingModel, ctx: PassContext, config: WeightsConfig) -> Non
         model.graphs[fmt] = _compress(graph, kwargs, FORMAT_NAMES[fmt], skipped)
     if "onnx" in model.graphs:
         from edgeopt.passes.onnx_int8 import quantize_weights
+        from edgeopt.passes.onnx_weights_only import fold_weight_dequantize
 
         cells = quantize_weights(model.graphs["onnx"], [], recurrent=True)
         if cells:  # NNCF leaves LSTM/GRU/RNN weights alone; OpenVINO's CPU plugin runs them only float
-            skipped.append(f"weights (ONNX): {cells} recurrent weight(s) (LSTM/GRU/RNN W, R) int8 per row behind "
-                           "DequantizeLinear; float in the IR (edgeopt.recurrent)")
-        redone = per_axis_scales(model.graphs["onnx"])
-        if redone:
-            skipped.append(f"weights (ONNX): {len(redone)} weight(s) ({', '.join(redone[:3])}"
-                           f"{', ...' if len(redone) > 3 else ''}) stored per output channel: NNCF wrote a scale "
-                           "per output and input channel, a DequantizeLinear ONNX Runtime refuses")
+            skipped.append(f"weights (ONNX): {cells} recurrent weight(s) (LSTM/GRU/RNN W, R) int8 per row; float in "
+                           "the IR (edgeopt.recurrent)")
+        folded = fold_weight_dequantize(model.graphs["onnx"])
+        if folded:
+            skipped.append(f"weights (ONNX): {len(folded)} int8 weight(s) rebuilt in float by Cast and Mul, which "
+                           "ONNX Runtime folds once when the session loads (it runs a DequantizeLinear on every call)")
     int4 = mode.startswith("int4")
     mixed = int4 and ((ratio is not None and ratio < 1) or not all_layers)
     rest = "float" if backup_mode == "none" else "int8"
@@ -172,65 +172,6 @@ def weights(model: WorkingModel, ctx: PassContext, config: WeightsConfig) -> Non
     model.notes.append(_describe(mode, group_size, ratio, sensitivity_metric, data_aware, all_layers, backup_mode,
                                  kwargs.get("subset_size") if uses_data else None, reason))
     model.notes.extend(skipped)
-
-
-def per_axis_scales(model) -> list[str]:
-    """Store again, per output channel, the int8 weights whose DequantizeLinear ONNX Runtime refuses: NNCF 3.4's
-    ONNX weight compression gives a Conv weight ``[out, in, k]`` a scale per ``(out, in)`` pair (it reduces over
-    the last axis, as for a MatMul), where ONNX Runtime takes a scalar or a 1-D scale along ``axis`` ("scale must
-    be 1D tensor with size ..."; Silero VAD's convolutions), and a 2-D Conv weight ``[out, in, kh, kw]`` a scale
-    ``[out, 1, 1]`` (per output channel, one axis short; for a 1-channel Conv ``[1, 1, 1]``, which is a scalar
-    here). Requantized from the values NNCF stored, per channel
-    on the DequantizeLinear's axis, in its type (uint8 with zero points for asymmetric modes, int8 symmetric
-    otherwise). Return the names of the weights requantized."""
-    import numpy as np
-    from onnx import helper, numpy_helper
-
-    from edgeopt.passes.onnx_weights_only import symmetric_int8
-
-    inits = {init.name: init for init in model.graph.initializer}
-    redone = []
-    for node in model.graph.node:
-        if node.op_type != "DequantizeLinear" or node.input[0] not in inits or node.input[1] not in inits:
-            continue
-        stored = numpy_helper.to_array(inits[node.input[0]])
-        scale = numpy_helper.to_array(inits[node.input[1]]).astype(np.float32)
-        axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 1) % stored.ndim
-        if scale.size == 1 and scale.ndim > 1:  # per tensor, shaped [1, 1, 1] (a 1-channel Conv): a scalar
-            for name in node.input[1:3]:
-                if name in inits:
-                    inits[name].CopyFrom(numpy_helper.from_array(numpy_helper.to_array(inits[name]).reshape(()), name))
-            continue  # the same values, reshaped: nothing requantized
-        if scale.size == 1 or (scale.ndim == 1 and scale.shape[0] == stored.shape[axis]):
-            continue  # per tensor or per axis: what ONNX Runtime takes
-        zero = (numpy_helper.to_array(inits[node.input[2]]).astype(np.float32)
-                if len(node.input) > 2 and node.input[2] in inits else np.zeros_like(scale))
-        if scale.shape == stored.shape[:-1]:  # reduced over the last axis, which NNCF dropped
-            scale, zero = scale[..., None], zero[..., None]
-        elif scale.ndim < stored.ndim:  # a Conv weight [out, in, kh, kw] scaled [out, 1, 1]: per output channel
-            pad = (1,) * (stored.ndim - scale.ndim)
-            scale, zero = scale.reshape(*scale.shape, *pad), zero.reshape(*zero.shape, *pad)
-        if scale.ndim != stored.ndim or any(s not in (1, d) for s, d in zip(scale.shape, stored.shape)):
-            raise BadInputError(f"weights (ONNX): NNCF wrote a scale of shape {list(scale.shape)} for the weight "
-                                f"'{node.input[0]}' of shape {list(stored.shape)}, which ONNX Runtime cannot "
-                                "load (use --format openvino)")
-        weight = (stored.astype(np.float32) - zero) * scale
-        if stored.dtype == np.uint8:  # asymmetric
-            reduce = tuple(i for i in range(weight.ndim) if i != axis)
-            low, high = np.minimum(weight.min(axis=reduce), 0), np.maximum(weight.max(axis=reduce), 0)
-            step = np.maximum(high - low, 1e-12) / 255
-            point = np.clip(np.rint(-low / step), 0, 255)
-            shape = [1] * weight.ndim
-            shape[axis] = -1
-            values = np.clip(np.rint(weight / step.reshape(shape)) + point.reshape(shape), 0, 255)
-        else:
-            values, step = symmetric_int8(weight, axis)
-            point = np.zeros(weight.shape[axis])
-        for name, array in ((node.input[0], values.astype(stored.dtype)), (node.input[1], step.astype(np.float32)),
-                            *(((node.input[2], point.astype(stored.dtype)),) if len(node.input) > 2 else ())):
-            inits[name].CopyFrom(numpy_helper.from_array(array, name))
-        redone.append(node.input[0])
-    return redone
 
 
 def _check(mode, group_size, ratio, sensitivity, data_aware, backup) -> None:
