@@ -720,9 +720,10 @@ def ort_options(ignored: list[str], compute: list[str] | None = None) -> dict:
 
 def quantize_weights(model, names: list[str], *, recurrent: bool = False) -> int:
     """Store the constant weights of the Conv/Gemm/MatMul nodes ``names`` (and with ``recurrent`` W and R of every
-    LSTM/GRU/RNN) as symmetric per-output-channel int8 behind a DequantizeLinear (weights only: their activations
-    stay float); return how many weights were quantized."""
-    from onnx import helper, numpy_helper
+    LSTM/GRU/RNN) as symmetric per-output-channel int8, rebuilt in float by Cast and Mul, which ONNX Runtime folds
+    when the session loads (weights only: their activations stay float; a DequantizeLinear would run on every
+    call); return how many weights were quantized."""
+    from onnx import TensorProto, helper, numpy_helper
 
     graph = model.graph
     inits = {init.name: init for init in graph.initializer}
@@ -745,12 +746,13 @@ def quantize_weights(model, names: list[str], *, recurrent: bool = False) -> int
                         else weight_output_axis(node, weight.ndim))
                 quantized, scale = symmetric_int8(weight, axis)
                 stem = f"{weight_name}_int8"
+                shape = [1] * weight.ndim
+                shape[axis] = -1
                 graph.initializer.extend([numpy_helper.from_array(quantized, stem),
-                                          numpy_helper.from_array(scale, f"{stem}_scale"),
-                                          numpy_helper.from_array(np.zeros_like(scale, np.int8), f"{stem}_zero")])
-                nodes.insert(-1, helper.make_node("DequantizeLinear", [stem, f"{stem}_scale", f"{stem}_zero"],
-                                                  [f"{stem}_dq"], name=f"{stem}_dq", axis=axis))
-                done[weight_name] = f"{stem}_dq"
+                                          numpy_helper.from_array(scale.reshape(shape), f"{stem}_scale")])
+                nodes[-1:-1] = [helper.make_node("Cast", [stem], [f"{stem}_f"], to=TensorProto.FLOAT),
+                                helper.make_node("Mul", [f"{stem}_f", f"{stem}_scale"], [f"{stem}_w"])]
+                done[weight_name] = f"{stem}_w"
             node.input[port] = done[weight_name]
     if not done:
         return 0
