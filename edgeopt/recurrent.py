@@ -22,7 +22,7 @@ each saved and read back, the float scope kept only when it is the more faithful
 
 ONNX Runtime has no static INT8 recurrent kernel (``quantize_static`` leaves LSTM/GRU float): a recurrent
 model gets the compute-only candidates (NNCF with the float scope, ``ort-conv``), and its cells the most compressed
-of ONNX Runtime's DynamicQuantizeLSTM (GRU/RNN: W/R int8 behind a DequantizeLinear), W/R int8 with float compute,
+of ONNX Runtime's DynamicQuantizeLSTM (GRU/RNN: W/R int8, rebuilt in float at load), W/R int8 with float compute,
 or float, within ``TOLERANCE`` of the best measured with only the cells quantized
 (``edgeopt.passes.onnx_int8.recurrent_mode``, ``quantize_recurrent``).
 """
