@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from edgeopt import atomic, jsonio
+from edgeopt.conversion import check_conversions
 from edgeopt.data import SampleSet, load_samples, raw_pixel_inputs, sample_shapes
 from edgeopt.device.formats import format_for_runtime, model_suffixes
 from edgeopt.device.golden import GoldenResult, GoldenSet, load_golden
@@ -451,6 +452,10 @@ def _run_recipe(source: SourceModel, recipe: Recipe, ctx: PassContext, formats: 
             working.graphs[name] = (fmt.from_torch(working.torch_module, source.example_input, source.input_names,
                                                    source.output_names, source.export_axes())
                                     if source.kind == "torch" else fmt.from_source(source))
+    if not torch_steps:  # after pruning the graphs are another model by design
+        with timer("conversion check"):
+            working.notes += check_conversions(source, working.graphs, ctx.calibration.samples, formats,
+                                               ctx.gate or QualityGate(), original_predictor(source, EVAL_SETTINGS))
     # Size baselines are the original model's, not the model after pruning.
     originals = dict(working.graphs) if not torch_steps else {
         name: FORMATS[name].from_torch(source.torch_module, source.example_input, source.input_names,

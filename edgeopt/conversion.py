@@ -1,0 +1,115 @@
+"""The converted FP32 graphs checked against the source, before any compression.
+
+A converter can compute another function than the model it converts: OpenVINO's ONNX frontend ignores an LSTM's
+peephole weights (its input ``P``), and madmom's beat-tracking BLSTM (6 peephole LSTMs) read cosine 0.21 to the
+ONNX file as an FP32 IR, which the gate then blamed on INT8, and ``--repair`` (judged against that IR) reported
+fixed. Each format the user asked for that is converted (an IR from an ONNX file or a PyTorch model, an ONNX
+export of a PyTorch model) runs on a few calibration samples in FP32 beside the source in its own framework; a
+worst gated output below the quality gate's cosine is refused in one line, naming the format, the output and,
+where known, the cause (with a task metric, which may still pass, it is a note).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from edgeopt.errors import BadInputError
+
+SAMPLES = 4  # calibration samples each converted graph is compared with the source on
+
+
+def check_conversions(source, graphs: dict, samples: list[dict], formats: tuple[str, ...], gate,
+                      run_source: Callable[[dict], list[np.ndarray]]) -> list[str]:
+    """Refuse (``BadInputError``) a converted graph of ``formats`` (in ``graphs``, before graph steps) whose worst
+    gated output's mean cosine to ``run_source`` (the source in its own framework) on the first ``SAMPLES`` of
+    ``samples`` is below the ``gate``'s (``edgeopt.evaluate.QualityGate``) ``min_cosine``; with a task metric,
+    return it as a note instead. Graphs in the source's own format are the source, and are not checked."""
+    from edgeopt.formats import FORMATS
+
+    samples = samples[:SAMPLES]
+    checked = [fmt for fmt in formats if fmt in graphs and fmt != source.kind]
+    if not checked or not samples:
+        return []
+    try:
+        reference = [run_source(sample) for sample in samples]
+    except Exception:  # noqa: BLE001 - the evaluation, which runs it too, says why
+        return []
+    notes = []
+    for fmt in checked:
+        try:
+            run = _runner(fmt, graphs[fmt])
+            runs = [run(sample) for sample in samples]
+        except Exception:  # noqa: BLE001 - a graph that does not run here is the evaluation's to report
+            continue
+        worst = _worst_output(runs, reference, source.output_names, gate.outputs)
+        if worst is None or worst[1] >= gate.min_cosine:
+            continue
+        output, cosine = worst
+        cause = "".join(f"; {line}" for line in _known_causes(fmt, source))
+        other = [f for f in FORMATS if f != fmt and f in ("openvino", "onnx")]
+        message = (f"{FORMATS[fmt].label}: the FP32 conversion already misses the gate, before any compression "
+                   f"(output '{output}': cosine {cosine:.5f} to the source in its own framework on {len(samples)} "
+                   f"calibration sample(s), min {gate.min_cosine:g}){cause}")
+        if gate.metric is not None:
+            notes.append(f"{message}; the task metric decides")
+            continue
+        raise BadInputError(f"{message}; --format {','.join(other)} leaves this format out")
+    return notes
+
+
+def _runner(fmt: str, graph) -> Callable[[dict], list[np.ndarray]]:
+    """``graph`` (an OpenVINO or ONNX model) run in FP32 on 2 threads (the check compares graphs, not
+    precisions)."""
+    if fmt == "openvino":
+        import openvino as ov
+
+        compiled = ov.Core().compile_model(graph, "CPU", {"INFERENCE_PRECISION_HINT": "f32",
+                                                          "INFERENCE_NUM_THREADS": 2})
+        wanted = {port.get_any_name() for port in graph.inputs}
+        return lambda feeds: [np.asarray(v) for v in compiled({k: v for k, v in feeds.items() if k in wanted}).values()]
+    from edgeopt.onnx_prep import quiet_session
+
+    session = quiet_session(graph, threads=2)
+    wanted = {value.name for value in session.get_inputs()}
+    return lambda feeds: session.run(None, {k: v for k, v in feeds.items() if k in wanted})
+
+
+def _worst_output(runs: list[list[np.ndarray]], reference: list[list[np.ndarray]], names: list[str],
+                  gated: tuple[str, ...]) -> tuple[str, float] | None:
+    """The ``gated`` output (every one where empty) with the lowest mean cosine to the source over the samples
+    (inf/NaN where the source is finite counts as disagreement), or None where the graphs give different numbers
+    or shapes of outputs."""
+    from edgeopt.device.agreement import sample_cosines
+
+    if any(len(run) != len(ref) for run, ref in zip(runs, reference)):
+        return None
+    cosines = {}
+    for index in range(len(reference[0])):
+        name = names[index] if index < len(names) else f"output {index}"
+        if gated and name not in gated:
+            continue
+        got = [np.asarray(run[index], np.float64).reshape(1, -1) for run in runs]
+        want = [np.asarray(ref[index], np.float64).reshape(1, -1) for ref in reference]
+        if any(g.shape != w.shape for g, w in zip(got, want)):
+            return None
+        cosines[name] = float(sample_cosines(np.concatenate(got), np.concatenate(want)).mean())
+    return min(cosines.items(), key=lambda item: item[1]) if cosines else None
+
+
+def _known_causes(fmt: str, source) -> list[str]:
+    """What in the source is known to convert wrongly to ``fmt``."""
+    if fmt != "openvino" or source.kind != "onnx":
+        return []
+    import onnx
+
+    from edgeopt.onnx_prep import all_nodes
+
+    model = onnx.load(str(source.path), load_external_data=False)
+    peepholes = [node.name or node.output[0] for node in all_nodes(model.graph)
+                 if node.op_type == "LSTM" and len(node.input) > 7 and node.input[7]]
+    if not peepholes:
+        return []
+    return [f"{len(peepholes)} LSTM(s) ({', '.join(peepholes[:3])}{', ...' if len(peepholes) > 3 else ''}) have "
+            "peephole weights (input P), which OpenVINO's ONNX frontend ignores"]
