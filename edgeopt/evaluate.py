@@ -163,12 +163,19 @@ def all_outputs(predict, samples: SampleSet, names: list[str]) -> Outputs:
 _CLASSIFIER_NAME = re.compile(r"logit|prob|class|score|cls|label", re.IGNORECASE)
 
 
+def class_count(shape: tuple[int, ...]) -> int | None:
+    """The classes an output of this per-sample ``shape`` scores, when it is one row of at least two values
+    (``[1, C]``, or ``[C]`` from a model that squeezed its batch axis away: madmom's key CNN gives ``[24]``)."""
+    row = shape[1:] if len(shape) == 2 and shape[0] == 1 else shape if len(shape) == 1 else ()
+    return row[0] if row and row[0] >= 2 else None
+
+
 def classifier_outputs(reference: Outputs) -> set[str]:
-    """Outputs that give a score per class: one row of at least two values per sample, and either probabilities
-    (non-negative rows summing to 1) or a name that says so (logits, probs, scores, class)."""
+    """Outputs that give a score per class (:func:`class_count`), and either probabilities (non-negative rows
+    summing to 1) or a name that says so (logits, probs, scores, class)."""
     found = set()
     for name, values, shape in zip(reference.names, reference.values, reference.shapes):
-        if len(shape) != 2 or shape[0] != 1 or shape[1] < 2:
+        if class_count(shape) is None:
             continue
         probabilities = bool(np.all(values >= -1e-6) and np.allclose(values.sum(axis=1), 1.0, atol=1e-3))
         if probabilities or _CLASSIFIER_NAME.search(name):
@@ -184,8 +191,8 @@ def labelled_output(reference: Outputs, gated: tuple[str, ...] = ()) -> str | No
     name such as logits: ``classifier_outputs``), else the model's only output shaped like scores per class (a row
     of at least two values per sample, not named as features or state such as ``pooler_output``) when it is
     gated; None when there is no such output, or several to guess from."""
-    shaped = [n for n in reference.names if len(reference.shapes[reference.index(n)]) == 2
-              and reference.shapes[reference.index(n)][1] >= 2 and not _FEATURES_NAME.search(n)]
+    shaped = [n for n in reference.names if class_count(reference.shapes[reference.index(n)])
+              and not _FEATURES_NAME.search(n)]
     candidates = [n for n in shaped if not gated or n in gated]
     classifiers = classifier_outputs(reference)
     only = shaped[0] if len(shaped) == 1 and shaped == candidates else None
@@ -194,7 +201,7 @@ def labelled_output(reference: Outputs, gated: tuple[str, ...] = ()) -> str | No
 
 def _label_outside(labels: np.ndarray, reference: Outputs, output: str) -> str | None:
     """Why the labels cannot be class indices of ``output``, or None when they can."""
-    classes = reference.shapes[reference.index(output)][1]
+    classes = class_count(reference.shapes[reference.index(output)])
     outside = [int(v) for v in (labels.min(), labels.max()) if not 0 <= int(v) < classes] if labels.size else []
     return (f"label {outside[-1]} is not a class of output '{output}', which scores {classes} classes "
             f"(0..{classes - 1})") if outside else None

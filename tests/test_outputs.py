@@ -187,6 +187,8 @@ def test_labels_are_scored_on_a_classifier_output_only():
     assert labelled_output(_outputs(output=(1, 1000))) == "output"  # unnamed logits still count
     assert labelled_output(_outputs(last_hidden_state=(1, 8, 16), pooler_output=(1, 16))) is None
     assert labelled_output(_outputs(logits=(1, 3), hidden_states=(1, 3))) == "logits"
+    squeezed = Outputs(["output_0_squeeze_175"], [np.random.default_rng(0).random((4, 24))], [(24,)])
+    assert labelled_output(squeezed) == "output_0_squeeze_175"  # madmom's key CNN: its batch axis squeezed away
 
 
 def test_labels_without_a_classifier_are_noted_and_out_of_range_labels_refused(tmp_path, three_outputs, cli):
