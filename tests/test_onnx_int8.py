@@ -659,6 +659,12 @@ def test_the_logit_of_an_output_sigmoid_stays_float_so_positives_still_fire(tmp_
     weight = producers[producers["logit"].input[1]]  # float activations, int8 weights that fold at load
     assert producers["logit"].op_type == "Gemm" and (weight.op_type, producers[weight.input[0]].op_type) == \
         ("Mul", "Cast")
+    # a logit the user keeps float (ignored_scope / ignored_patterns) keeps its float weights (PESTO's confidence
+    # head, matched by a pattern, had them stored int8)
+    kept = quantize_onnx(model, SampleSet(negatives, None, "calibration"), subset_size=64, nncf_options={},
+                         backends=("ort",), ignored=["score_head"])
+    gemm = next(n for n in kept.model.graph.node if n.output[0] == "logit")
+    assert gemm.input[1] in {i.name for i in kept.model.graph.initializer if i.data_type == TensorProto.FLOAT}
 
 
 def test_a_runtime_much_faster_than_the_other_is_noted():

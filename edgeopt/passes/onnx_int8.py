@@ -230,12 +230,14 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
         if not transformer and not recurrent:
             arithmetic = _arithmetic(prepared.model, calibration.samples[0])
         backends = default_backends(prepared.model, transformer, recurrent, arithmetic)
-    ffn = ffn_down_projections(onnx_model=prepared.model) if ffn_down_float else []
+    skip = set(ignored or [])  # the user's: float weights too, whatever a rule below would store int8
+    ffn = [n for n in ffn_down_projections(onnx_model=prepared.model) if n not in skip] if ffn_down_float else []
     mixed = mixed_range_outputs(prepared.model, calibration.samples[:CHOICE_SAMPLES])
     if mixed:
         prepared.steps.append(f"{len(mixed)} output Concat(s) joining value ranges at least {MIXED_RANGE:g}x apart "
                               f"kept float (one activation scale would erase the smaller part): {', '.join(mixed)}")
-    heads = [] if transformer else output_heads(prepared.model)  # dynamic int8 leaves outputs float anyway
+    # dynamic int8 leaves outputs float anyway; a logit the user keeps float keeps its float weights
+    heads = [] if transformer else [head for head in output_heads(prepared.model) if head[0] not in skip]
     logits = [logit for logit, _ in heads]
     if heads:
         prepared.steps.append(f"{len(heads)} output Sigmoid/Softmax/Tanh(s) and the logit(s) they read kept float, the "
