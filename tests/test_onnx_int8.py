@@ -161,7 +161,7 @@ def test_opset11_constant_weights_int8_onnx_shrinks_per_channel(opset11_const, t
     assert "opset 11 -> 13 (onnx.version_converter)" in decision["normalisation"]
     assert {c["backend"] for c in decision["candidates"]} == {"nncf", "ort", "ort-conv"}
     assert decision["rule_pick"] in ("nncf", "ort", "ort-conv") and decision["reason"]  # why, in words
-    assert "the first 16 evaluation samples" in decision["measured_with"]  # held out, not the calibration set
+    assert "evaluation samples spread over the set" in decision["measured_with"]  # held out, not calibration
     assert all(c["p50_ratio"] > 0 and len(c["p50_ratio_interval"]) == 2 for c in decision["candidates"])
     assert set(report["vs_fp32"]) == {"openvino", "onnx"}
     # Fidelity at least the anchor's on the same file and data (no timing asserted here: that is the bench's).
