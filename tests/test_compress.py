@@ -301,3 +301,29 @@ def test_ignored_patterns_keep_every_matching_operation_float_in_both_files(cli,
                           ("[", "ignored_patterns: '[' is not a regular expression")):
         result = _with_int8_step(cli, tmp_path, model, tiny_calib, f'ignored_patterns = ["{pattern}"]', "o2")
         assert result.exit_code == 2 and says in result.output and "Traceback" not in result.output, result.output
+
+
+def test_json_to_stdout_stays_json_when_native_code_prints(tmp_path):
+    """torch's ONNX exporter prints its IR graph from C++ to file descriptor 1 when an export fails (PESTO's
+    complex-valued CQT: 160 lines before the report), past sys.stdout: ``--json -`` must still be JSON alone, and
+    stderr carries edgeopt's lines only."""
+    import subprocess
+    import sys
+
+    factory = tmp_path / "spectral.py"
+    factory.write_text(
+        "import torch\n"
+        "class Spectral(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        z = torch.view_as_complex(torch.stack([x, x.flip(-1)], -1))\n"
+        "        return torch.view_as_real(z * z).sum(-1)\n"
+        "def build():\n"
+        "    return Spectral().eval(), torch.zeros(1, 16)\n")
+    data = tmp_path / "d.npz"
+    np.savez(data, x=np.random.default_rng(0).random((4, 1, 16), dtype=np.float32))
+    command = [sys.executable, "-c", "from edgeopt.cli import main; main(prog_name='edgeopt')", "compress",
+               f"{factory}:build", "--calib", str(data), "--out", str(tmp_path / "o"), "--json", "-"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr  # the TorchScript export fails, the dynamo export does it
+    assert json.loads(run.stdout)["schema_version"]
+    assert "torchvision" not in run.stderr  # the exporter's registry chatter, not for a CLI user

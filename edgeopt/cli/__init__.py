@@ -67,7 +67,9 @@ def main() -> None:
 # Loggers whose chatter is not for a CLI user, and the lowest level still shown. Filters, not levels: these
 # libraries reset their loggers' levels when they are imported, which happens later and lazily.
 _LIBRARY_LOG_FLOORS = {"nncf": logging.WARNING, "torchao": logging.ERROR, "torch.utils._pytree": logging.ERROR,
-                       "torch": logging.ERROR}
+                       "torch": logging.ERROR,
+                       # a filter acts on the logger a record starts at only: "torchvision is not installed"
+                       "torch.onnx._internal.exporter._registration": logging.ERROR}
 
 
 def _quiet_libraries() -> None:
