@@ -449,9 +449,16 @@ def _run_recipe(source: SourceModel, recipe: Recipe, ctx: PassContext, formats: 
     with timer("convert"):
         for name in dict.fromkeys((REFERENCE, *formats)):
             fmt = FORMATS[name]
-            working.graphs[name] = (fmt.from_torch(working.torch_module, source.example_input, source.input_names,
-                                                   source.output_names, source.export_axes())
-                                    if source.kind == "torch" else fmt.from_source(source))
+            try:
+                working.graphs[name] = (fmt.from_torch(working.torch_module, source.example_input,
+                                                       source.input_names, source.output_names, source.export_axes())
+                                        if source.kind == "torch" else fmt.from_source(source))
+            except BadInputError as exc:  # the other format converted: say how to have it alone
+                done = [FORMATS[f].label for f in working.graphs if f in formats]
+                if not done:
+                    raise
+                raise BadInputError(f"{exc}; --format {','.join(f for f in working.graphs if f in formats)} "
+                                    f"writes the {' and '.join(done)} without it") from exc
     if not torch_steps:  # after pruning the graphs are another model by design
         with timer("conversion check"):
             working.notes += check_conversions(source, working.graphs, ctx.calibration.samples, formats,

@@ -327,3 +327,21 @@ def test_json_to_stdout_stays_json_when_native_code_prints(tmp_path):
     assert run.returncode == 0, run.stderr  # the TorchScript export fails, the dynamo export does it
     assert json.loads(run.stdout)["schema_version"]
     assert "torchvision" not in run.stderr  # the exporter's registry chatter, not for a CLI user
+
+
+def test_a_model_only_onnx_cannot_export_gets_the_format_that_converts(cli, tmp_path):
+    """PESTO's whole pipeline (a complex-valued CQT) converts to an IR but not to ONNX: the refusal says which
+    --format writes what did convert."""
+    factory = tmp_path / "binned.py"
+    factory.write_text(
+        "import torch\n"
+        "class Binned(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return torch.searchsorted(torch.linspace(0, 1, 8), x).float() + x\n"
+        "def build():\n"
+        "    return Binned().eval(), torch.zeros(1, 16)\n")
+    data = tmp_path / "d.npz"
+    np.savez(data, x=np.random.default_rng(0).random((4, 1, 16), dtype=np.float32))
+    result = cli("compress", f"{factory}:build", "--calib", data, "--out", tmp_path / "o")
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().endswith("; --format openvino writes the OpenVINO IR without it"), result.stderr
