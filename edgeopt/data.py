@@ -309,8 +309,9 @@ def sample_shapes(spec: str | Path, inputs: list[TensorSpec]) -> dict[str, tuple
     """Per input, the shape of one sample in the ``.npz`` / ``.npy`` file ``spec``, read from its arrays' headers
     alone: what a model's dynamic dimensions are when no ``--input-shape`` gives them. An array one rank above
     the input holds samples stacked (a sample is one row); one of its rank, samples concatenated on the batch
-    axis (a sample is that axis at the declared size, else 1). ``{}`` for other data (a hook, images, text) or
-    an unreadable file: loading it says what is wrong."""
+    axis (a sample is that axis at the declared size, else 1); an array of another rank is refused here (the
+    model's dynamic dimensions would otherwise be asked for, as if the data had not been read). ``{}`` for other
+    data (a hook, images, text) or an unreadable file: loading it says what is wrong."""
     path = Path(str(spec))
     if is_function_spec(str(spec)) or not path.is_file() or path.suffix.lower() not in (".npz", ".npy"):
         return {}
@@ -329,6 +330,10 @@ def sample_shapes(spec: str | Path, inputs: list[TensorSpec]) -> dict[str, tuple
         elif shape is not None and len(shape) == rank and tensor.batch_dim is not None:
             batch = tensor.shape[tensor.batch_dim] or 1
             shapes[tensor.name] = tuple(batch if axis == tensor.batch_dim else d for axis, d in enumerate(shape))
+        elif shape is not None and len(shape) not in (rank, rank + 1):
+            raise BadInputError(f"{path}: array for input '{tensor.name}' has shape {format_shape(shape)}; the model "
+                                f"expects {format_shape(tensor.shape)} (rank {rank}): samples stacked on a new axis 0 "
+                                f"(rank {rank + 1}), or concatenated on its batch axis (rank {rank})")
     return shapes
 
 

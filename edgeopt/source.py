@@ -90,7 +90,9 @@ class SourceModel:
             model = self._rewritten_for_openvino(shapes) if self.kind == "onnx" else None
             if model is None:
                 reason = (describe_unsupported(self.path) if self.kind == "onnx" else None) or first_line(exc)
-                raise BadInputError(f"{self.path}: OpenVINO cannot read this model ({reason})") from exc
+                sized = (f" at the sizes the calibration data gives ({', '.join(self.sized_by_data)}): is it this "
+                         f"model's data?" if self.sized_by_data else "")
+                raise BadInputError(f"{self.path}: OpenVINO cannot read this model ({reason}){sized}") from exc
         model.reshape(shapes)
         return model
 

@@ -121,6 +121,12 @@ def test_sample_shapes_read_the_arrays_headers_as_the_loader_splits_them(tmp_pat
     assert sample_shapes(f"{tmp_path / 'hook.py'}:samples", specs) == sample_shapes(tmp_path, specs) == {}
     (tmp_path / "broken.npz").write_bytes(b"not a zip")
     assert sample_shapes(tmp_path / "broken.npz", specs) == {}
+    # another model's data (madmom's onset features, [N, T, 80, 3], for its key CNN's [?, ?]): said as such, not
+    # as a dynamic shape to give with --input-shape
+    np.savez(tmp_path / "d.npz", input=np.zeros((4, 12, 80, 3), np.float32))
+    with pytest.raises(BadInputError, match=r"array for input 'input' has shape \[4,12,80,3\]; the model expects "
+                                            r"\[\?,\?\] \(rank 2\): samples stacked on a new axis 0 \(rank 3\)"):
+        sample_shapes(tmp_path / "d.npz", [TensorSpec("input", (None, None), "float32")])
 
 
 def test_integer_data_for_a_float_input_is_refused_but_pixels(tmp_path):
