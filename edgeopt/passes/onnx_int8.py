@@ -883,11 +883,12 @@ def _rename_in(graph, names: dict[str, str]) -> None:
 def quantize_recurrent(model, mode: str = "dynamic"):
     """The recurrent cells as ``mode`` (``CELL_MODES``; ``edgeopt.recurrent``) says: ``dynamic``, each LSTM becomes
     ONNX Runtime's DynamicQuantizeLSTM (int8 W/R; X and the state quantized inside the kernel on each call), GRU
-    and RNN, which ONNX Runtime has no int8 kernel for, W/R int8 behind a DequantizeLinear
+    and RNN, which ONNX Runtime has no int8 kernel for, W/R int8, rebuilt in float when the session loads
     (:func:`quantize_weights`); ``weights``, every cell's W/R so (float compute); ``float``, as they are.
-    Measured on the bench's lstm-stateful (32-step LSTM, ONNX Runtime 1.32, 2 threads, 15 interleaved rounds):
-    W/R behind DequantizeLinear 0.56x FP32's size at 0.98-1.17x its p50, DynamicQuantizeLSTM 0.55x at 0.72x,
-    every output's cosine 0.9999."""
+    Measured on the bench's lstm-stateful (32-step LSTM, ONNX Runtime 1.32, 2 threads, 15 interleaved rounds, a
+    test suite running beside it): W/R int8 0.56x FP32's size at 1.00x its p50 (0.81-1.08x; behind a
+    DequantizeLinear, which runs on every call, it was 0.98-1.17x), DynamicQuantizeLSTM 0.55x at 0.57x, every
+    output's cosine 0.9999."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     if mode == "float":
