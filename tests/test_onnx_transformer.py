@@ -132,10 +132,8 @@ def test_transformer_onnx_int8_is_dynamic_fused_and_faithful(encoder, tmp_path):
     assert not float_matmuls  # every projection with a constant weight is integer, but the FFN down-projections
     for node in (n for n in graph.node if n.name in down):  # float activations, int8 weights
         assert getattr(producer.get(node.input[0]), "op_type", "") != "DequantizeLinear"
-        weight = producer[node.input[1]]  # rebuilt by Cast and Mul, folded at load
-        cast = producer[weight.input[0]]
-        assert (weight.op_type, cast.op_type) == ("Mul", "Cast")
-        assert initializers[cast.input[0]].data_type == TensorProto.INT8
+        weight = producer[node.input[1]]
+        assert weight.op_type == "DequantizeLinear" and initializers[weight.input[0]].data_type == TensorProto.INT8
     gather = next(n for n in graph.node if n.op_type == "Gather" and n.output[0] in
                   {i for c in graph.node if c.op_type == "DequantizeLinear" for i in c.input})
     assert initializers[gather.input[0]].data_type in (TensorProto.INT8, TensorProto.UINT8)  # the 8-bit token table

@@ -74,7 +74,7 @@ from edgeopt.onnx_prep import (all_nodes, as_shipped, normalise, probe_tensors, 
 from edgeopt.onnx_work import (COMPUTE_OPS, FLOAT_COMPUTE_ACTIVATIONS, FLOAT_COMPUTE_INTENSITY, FOLDED_ACTIVATIONS,
                                Work, work_of)
 from edgeopt.paired_timing import BLOCK_S, COVERAGE, Rounds, interleaved_rounds, median_interval
-from edgeopt.passes.onnx_weights_only import symmetric_int8, weights_only
+from edgeopt.passes.onnx_weights_only import axis_shape, symmetric_int8, weights_only
 from edgeopt.recurrent import ONNX_CELLS, ONNX_WEIGHT_AXIS, ONNX_WEIGHT_INPUTS, has_onnx_cells
 from edgeopt.recurrent import TOLERANCE as RECURRENT_TOLERANCE
 from edgeopt.vs_fp32 import settings_for
@@ -732,10 +732,14 @@ def ort_options(ignored: list[str], compute: list[str] | None = None) -> dict:
 
 def quantize_weights(model, names: list[str], *, recurrent: bool = False) -> int:
     """Store the constant weights of the Conv/Gemm/MatMul nodes ``names`` (and with ``recurrent`` W and R of every
-    LSTM/GRU/RNN) as symmetric per-output-channel int8, rebuilt in float by Cast and Mul, which ONNX Runtime folds
-    when the session loads (weights only: their activations stay float; a DequantizeLinear would run on every
-    call); return how many weights were quantized."""
-    from onnx import TensorProto, helper, numpy_helper
+    LSTM/GRU/RNN) as symmetric per-output-channel int8, their activations float, in the form ONNX Runtime runs
+    fastest (:func:`edgeopt.passes.onnx_weights_only.fold_weight_dequantize`: a MatMul's behind a
+    DequantizeLinear it fuses into an 8-bit MatMulNBits, the others rebuilt in float when the session loads);
+    return how many weights were quantized."""
+    from onnx import helper, numpy_helper
+
+    from edgeopt.onnx_prep import replace_nodes
+    from edgeopt.passes.onnx_weights_only import fold_weight_dequantize
 
     graph = model.graph
     inits = {init.name: init for init in graph.initializer}
@@ -758,25 +762,16 @@ def quantize_weights(model, names: list[str], *, recurrent: bool = False) -> int
                         else weight_output_axis(node, weight.ndim))
                 quantized, scale = symmetric_int8(weight, axis)
                 stem = f"{weight_name}_int8"
-                shape = [1] * weight.ndim
-                shape[axis] = -1
                 graph.initializer.extend([numpy_helper.from_array(quantized, stem),
-                                          numpy_helper.from_array(scale.reshape(shape), f"{stem}_scale")])
-                nodes[-1:-1] = [helper.make_node("Cast", [stem], [f"{stem}_f"], to=TensorProto.FLOAT),
-                                helper.make_node("Mul", [f"{stem}_f", f"{stem}_scale"], [f"{stem}_w"])]
-                done[weight_name] = f"{stem}_w"
+                                          numpy_helper.from_array(scale, f"{stem}_scale")])
+                nodes.insert(-1, helper.make_node("DequantizeLinear", [stem, f"{stem}_scale"], [f"{stem}_dq"],
+                                                  name=f"{stem}_dq", axis=axis))
+                done[weight_name] = f"{stem}_dq"
             node.input[port] = done[weight_name]
     if not done:
         return 0
-    copies = [type(node)() for node in nodes]
-    for duplicate, node in zip(copies, nodes):
-        duplicate.CopyFrom(node)
-    del graph.node[:]
-    graph.node.extend(copies)
-    users = {name for node in graph.node for name in node.input}
-    for name in done:
-        if name not in users:
-            graph.initializer.remove(inits[name])
+    replace_nodes(graph, nodes)
+    fold_weight_dequantize(model, {f"{name}_int8" for name in done})
     return len(done)
 
 
@@ -1021,8 +1016,7 @@ def fold_weight_quantizers(model) -> int:
         zero = numpy_helper.to_array(inits[node.input[2]])
         axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
         if scale.ndim == 1 and scale.size > 1:
-            shape = [1] * weight.ndim
-            shape[axis] = -1
+            shape = axis_shape(weight.ndim, axis)
             scale, zero_f = scale.reshape(shape), zero.astype(np.float32).reshape(shape)
         else:
             zero_f = zero.astype(np.float32)

@@ -27,8 +27,7 @@ def symmetric_int8(weight: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarra
     scales)."""
     reduce = tuple(i for i in range(weight.ndim) if i != axis)
     scale = np.maximum(np.abs(weight).max(axis=reduce), 1e-12).astype(np.float32) / 127.0
-    shape = [1] * weight.ndim
-    shape[axis] = -1
+    shape = axis_shape(weight.ndim, axis)
     return np.clip(np.rint(weight / scale.reshape(shape)), -127, 127).astype(np.int8), scale
 
 
@@ -39,8 +38,7 @@ def asymmetric_uint8(weight: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndar
     low, high = np.minimum(weight.min(axis=reduce), 0), np.maximum(weight.max(axis=reduce), 0)
     scale = (np.maximum(high - low, 1e-12) / 255).astype(np.float32)
     zero = np.clip(np.rint(-low / scale), 0, 255).astype(np.uint8)
-    shape = [1] * weight.ndim
-    shape[axis] = -1
+    shape = axis_shape(weight.ndim, axis)
     values = np.clip(np.rint(weight / scale.reshape(shape)) + zero.reshape(shape), 0, 255).astype(np.uint8)
     return values, scale, zero
 
@@ -87,8 +85,7 @@ def weights_only(model, calibration: SampleSet, subset_size: int, ignored: list[
         weight = numpy_helper.to_array(inits[weight_name]).astype(np.float32)
         axis = weight_output_axis(readers[weight_name][0], weight.ndim)
         values, scale = symmetric_int8(weight, axis)
-        shape = [1] * weight.ndim
-        shape[axis] = -1
+        shape = axis_shape(weight.ndim, axis)
         scale = scale.reshape(shape)
         for node in readers[weight_name]:
             if node.op_type in BIASED_OPS and node.input[0] in means:
@@ -116,29 +113,43 @@ def weights_only(model, calibration: SampleSet, subset_size: int, ignored: list[
     return model
 
 
-def fold_weight_dequantize(model) -> list[str]:
-    """Rewrite, in place, each DequantizeLinear of a stored weight (every input an initializer; not a QDQ
-    activation's, nor a blocked one) as ``Cast`` [→ ``Sub`` its zero point] → ``Mul`` by its scale: the same
-    values from constants-only nodes, which ONNX Runtime folds once when the session loads, where it runs a
-    DequantizeLinear on every call (resnet_digits' int8 weights from ``nncf.compress_weights``: 1.11-1.29x FP32's
-    p50). Only for float-compute graphs: in a QDQ graph a weight's DequantizeLinear is what ONNX Runtime fuses into
-    int8 kernels. A scale is broadcast along the DequantizeLinear's axis (1-D), or over the weight's leading axes
-    where it has fewer (NNCF 3.4 gives a Conv weight ``[out, in, k]`` a scale ``[out, in]`` and ``[out, in, kh,
-    kw]`` one ``[out, 1, 1]``, which ONNX Runtime's DequantizeLinear refuses); a scale that varies along more
-    than one axis is requantized per output channel first (its scales would outweigh a Conv1d's int8 weight:
-    Silero VAD's file 0.51x FP32's size so, 0.28x requantized, cosine 0.99999 and 0.99995). Return the weights
-    rewritten."""
-    from onnx import helper, numpy_helper
+def fold_weight_dequantize(model, weights: set[str] | None = None) -> tuple[list[str], list[str]]:
+    """Put, in place, each DequantizeLinear of a stored weight (every input an initializer; of ``weights`` alone
+    when given; not a blocked one, nor one in a QDQ group, whose reader also reads a dequantized activation: ONNX
+    Runtime fuses those into int8 kernels) in the form ONNX Runtime runs fastest:
+
+    - a 2-D weight only MatMuls read (input 1) stays behind a DequantizeLinear with a 1-D scale on axis 1, which
+      ONNX Runtime fuses with the MatMul into an 8-bit MatMulNBits (six 768x3072 MatMuls: 0.70x float's p50 with
+      a quarter of its memory; NNCF writes ``axis=-1``, which it does not fuse: 1.2x);
+    - any other is rewritten as ``Cast`` [→ ``Sub`` its zero point] → ``Mul`` by its scale, in float32 (then
+      ``Cast`` to the DequantizeLinear's type), constants-only nodes ONNX Runtime folds once when the session
+      loads, where it runs a DequantizeLinear on every call (resnet_digits' Conv weights from
+      ``nncf.compress_weights``: 1.11-1.29x FP32's p50).
+
+    A scale is broadcast along the DequantizeLinear's axis (1-D), or over the weight's leading axes where it has
+    fewer (NNCF 3.4 gives a Conv weight ``[out, in, kh, kw]`` a scale ``[out, 1, 1]``, which ONNX Runtime's
+    DequantizeLinear refuses); one that varies along more than one axis is requantized per output channel first
+    (NNCF's ``[out, in]`` for a Conv1d weight ``[out, in, k]`` outweighed the int8 weight: Silero VAD's file
+    0.51x FP32's size so, 0.28x requantized, cosine 0.99999 and 0.99995). Return the weights rewritten and,
+    of those, the ones requantized."""
+    from onnx import TensorProto, helper, numpy_helper
 
     graph = model.graph
     inits = {init.name: init for init in graph.initializer}
-    readers = tensor_readers(graph)
+    readers, producers = tensor_readers(graph), {out: node for node in graph.node for out in node.output}
     names = _UniqueNames(model)
-    nodes, folded = [], []
+    nodes, folded, requantized = [], [], []
+
+    def in_qdq_group(node) -> bool:
+        return any(getattr(producers.get(other), "op_type", "") == "DequantizeLinear" and other != node.output[0]
+                   and producers[other].input[0] not in inits
+                   for reader in readers.get(node.output[0], []) for other in reader.input)
+
     for node in graph.node:
         attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         if (node.op_type != "DequantizeLinear" or node.domain not in ("", "ai.onnx") or attributes.get("block_size")
-                or not all(name in inits for name in node.input if name)):
+                or not all(name in inits for name in node.input if name)
+                or (weights is not None and node.input[0] not in weights) or in_qdq_group(node)):
             nodes.append(node)
             continue
         stored = numpy_helper.to_array(inits[node.input[0]])
@@ -151,30 +162,59 @@ def fold_weight_dequantize(model) -> list[str]:
             raise BadInputError(f"weights (ONNX): a scale of shape {list(scale.shape)} for the weight "
                                 f"'{node.input[0]}' of shape {list(stored.shape)} fits none of its axes "
                                 "(use --format openvino)")
-        weight_name = node.input[0]
-        if sum(size > 1 for size in shape) > 1:
-            users = readers.get(node.output[0], [])
-            if len(users) == 1 and users[0].op_type in WEIGHT_OPS and list(users[0].input).index(node.output[0]) == 1:
-                axis = weight_output_axis(users[0], stored.ndim)
+        users = readers.get(node.output[0], [])
+        matmul = stored.ndim == 2 and bool(users) and all(
+            u.op_type == "MatMul" and list(u.input).index(node.output[0]) == 1 for u in users)
+        if len(users) == 1 and users[0].op_type in WEIGHT_OPS and list(users[0].input).index(node.output[0]) == 1:
+            axis = weight_output_axis(users[0], stored.ndim)
+        if sum(size > 1 for size in shape) > 1 or (matmul and shape and shape[axis] == 1):
             weight = (stored.astype(np.float32) - (0 if zero is None else zero.reshape(shape))) * scale.reshape(shape)
             stored, scale, zero = (asymmetric_uint8(weight, axis) if stored.dtype == np.uint8
                                    else (*symmetric_int8(weight, axis), None))
-            shape = tuple(-1 if i == axis else 1 for i in range(stored.ndim))
-            weight_name = names.fresh(f"{node.input[0]}_q")
-            graph.initializer.append(numpy_helper.from_array(stored, weight_name))
-        cast, scales = names.fresh(f"{node.input[0]}_f"), names.fresh(f"{node.input[1]}_b")
-        graph.initializer.append(numpy_helper.from_array(scale.astype(dtype).reshape(shape), scales))
-        nodes.append(helper.make_node("Cast", [weight_name], [cast], to=inits[node.input[1]].data_type))
+            shape = axis_shape(stored.ndim, axis)
+            requantized.append(node.input[0])
+        elif shape and matmul:
+            scale, zero = scale.reshape(-1), None if zero is None else zero.reshape(-1)
+        elif not shape and matmul:  # per tensor: nothing to change
+            nodes.append(node)
+            continue
+        stem = names.fresh(f"{node.input[0]}_w")
+        graph.initializer.append(numpy_helper.from_array(stored, stem))
+        scales = names.fresh(f"{stem}_scale")
+        if matmul:
+            graph.initializer.append(numpy_helper.from_array(scale.astype(dtype), scales))
+            inputs = [stem, scales]
+            if zero is not None and zero.any():
+                inputs.append(names.fresh(f"{stem}_zero"))
+                graph.initializer.append(numpy_helper.from_array(zero.astype(stored.dtype), inputs[-1]))
+            nodes.append(helper.make_node("DequantizeLinear", inputs, list(node.output), axis=1))
+            folded.append(node.input[0])
+            continue
+        graph.initializer.append(numpy_helper.from_array(scale.astype(np.float32).reshape(shape), scales))
+        value = names.fresh(f"{stem}_f")
+        nodes.append(helper.make_node("Cast", [stem], [value], to=TensorProto.FLOAT))
         if zero is not None and zero.any():
-            shifted, zeros = names.fresh(f"{node.input[0]}_s"), names.fresh(f"{node.input[2]}_b")
-            graph.initializer.append(numpy_helper.from_array(zero.astype(dtype).reshape(shape), zeros))
-            nodes.append(helper.make_node("Sub", [cast, zeros], [shifted]))
-            cast = shifted
-        nodes.append(helper.make_node("Mul", [cast, scales], list(node.output)))
+            zeros, shifted = names.fresh(f"{stem}_zero"), names.fresh(f"{stem}_s")
+            graph.initializer.append(numpy_helper.from_array(zero.astype(np.float32).reshape(shape), zeros))
+            nodes.append(helper.make_node("Sub", [value, zeros], [shifted]))
+            value = shifted
+        if dtype == np.float32:
+            nodes.append(helper.make_node("Mul", [value, scales], list(node.output)))
+        else:  # computed in float32, which ONNX Runtime folds (it has no float16 Sub on the CPU)
+            nodes.append(helper.make_node("Mul", [value, scales], [names.fresh(f"{stem}_m")]))
+            nodes.append(helper.make_node("Cast", [nodes[-1].output[0]], list(node.output),
+                                          to=inits[node.input[1]].data_type))
         folded.append(node.input[0])
     if folded:
-        replace_nodes(graph, nodes)  # the DequantizeLinears' own scales and zero points go when nothing reads them
-    return folded
+        replace_nodes(graph, nodes)  # the DequantizeLinears' own inputs go when nothing reads them
+    return folded, requantized
+
+
+def axis_shape(rank: int, axis: int) -> list[int]:
+    """The shape that lays per-``axis`` values (scales, zero points) along ``axis`` of a rank-``rank`` tensor."""
+    shape = [1] * rank
+    shape[axis] = -1
+    return shape
 
 
 def _broadcast_shape(scale: tuple, stored: tuple, axis: int) -> tuple | None:

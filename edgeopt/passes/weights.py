@@ -3,8 +3,8 @@
 Activations stay in floating point; MatMul/Conv/Gather weights become INT8 (per channel) or INT4 (per group of
 ``group_size`` input channels) with FP16 scales. ``mode="auto"`` picks per model and device profile
 (``default_weight_compression``). Runs on the OpenVINO model and, when ONNX output is wanted, on the ONNX model
-(NNCF's ONNX backend writes INT8 as DequantizeLinear, rewritten as Cast and Mul that ONNX Runtime folds at load
-(``fold_weight_dequantize``), and INT4 as ONNX Runtime's MatMulNBits; INT4 asym is refused for ONNX because ONNX
+(NNCF's ONNX backend writes INT8 as DequantizeLinear, put in the form ONNX Runtime runs fastest by
+``fold_weight_dequantize``, and INT4 as ONNX Runtime's MatMulNBits; INT4 asym is refused for ONNX because ONNX
 Runtime rejects the zero points NNCF writes for it, and GPTQ because NNCF's ONNX backend lacks it).
 """
 
@@ -160,10 +160,16 @@ def weights(model: WorkingModel, ctx: PassContext, config: WeightsConfig) -> Non
         if cells:  # NNCF leaves LSTM/GRU/RNN weights alone; OpenVINO's CPU plugin runs them only float
             skipped.append(f"weights (ONNX): {cells} recurrent weight(s) (LSTM/GRU/RNN W, R) int8 per row; float in "
                            "the IR (edgeopt.recurrent)")
-        folded = fold_weight_dequantize(model.graphs["onnx"])
+        folded, requantized = fold_weight_dequantize(model.graphs["onnx"])
         if folded:
-            skipped.append(f"weights (ONNX): {len(folded)} int8 weight(s) rebuilt in float by Cast and Mul, which "
-                           "ONNX Runtime folds once when the session loads (it runs a DequantizeLinear on every call)")
+            skipped.append(f"weights (ONNX): {len(folded)} int8 weight(s) in the form ONNX Runtime runs fastest: a "
+                           "MatMul's behind a DequantizeLinear on its output axis (fused into an 8-bit MatMulNBits), "
+                           "the others rebuilt in float by Cast and Mul when the session loads (a DequantizeLinear "
+                           "would run on every call)")
+        if requantized:
+            skipped.append(f"weights (ONNX): {len(requantized)} weight(s) ({', '.join(requantized[:3])}"
+                           f"{', ...' if len(requantized) > 3 else ''}) requantized per output channel from the "
+                           "values NNCF stored (NNCF wrote a scale per output and input channel)")
     int4 = mode.startswith("int4")
     mixed = int4 and ((ratio is not None and ratio < 1) or not all_layers)
     rest = "float" if backup_mode == "none" else "int8"
