@@ -18,44 +18,49 @@ import numpy as np
 
 from edgeopt.errors import BadInputError
 
-SAMPLES = 4  # calibration samples each converted graph is compared with the source on
+SAMPLES = 8  # calibration samples each converted graph is compared with the source on
 MIN_COSINE = 0.99  # the check's cosine, or the gate's where that is lower
 
 
 def check_conversions(source, graphs: dict, samples: list[dict], formats: tuple[str, ...], gate,
-                      run_source: Callable[[dict], list[np.ndarray]]) -> list[str]:
+                      source_predictor: Callable[[], Callable[[dict], list[np.ndarray]]]) -> list[str]:
     """Refuse (``BadInputError``) a converted graph of ``formats`` (in ``graphs``, before graph steps) whose worst
-    gated output's mean cosine to ``run_source`` (the source in its own framework) on the first ``SAMPLES`` of
-    ``samples`` is below the ``gate``'s (``edgeopt.evaluate.QualityGate``) ``min_cosine`` or ``MIN_COSINE``,
-    whichever is lower; with a task metric, return it as a note instead. Graphs in the source's own format are
-    the source, and are not checked."""
+    gated output's fidelity to the source (``source_predictor()``: the source in its own framework, built only
+    when a graph is checked), measured as the gate measures it (:func:`edgeopt.evaluate.measure_outputs`) on the
+    first ``SAMPLES`` of ``samples``, is below the ``gate``'s (``edgeopt.evaluate.QualityGate``) ``min_cosine``
+    or ``MIN_COSINE``, whichever is lower; with a task metric, return it as a note instead. Graphs in the
+    source's own format are the source, and are not checked. It runs with or without evaluation data: a
+    conversion that computes another function is no artifact to write."""
+    from edgeopt.data import SampleSet
+    from edgeopt.evaluate import all_outputs, measure_outputs
     from edgeopt.formats import FORMATS
 
-    samples = samples[:SAMPLES]
     checked = [fmt for fmt in formats if fmt in graphs and fmt != source.kind]
-    if not checked or not samples:
+    subset = SampleSet(samples[:SAMPLES], None, "calibration")
+    if not checked or not subset.samples:
         return []
     try:
-        reference = [run_source(sample) for sample in samples]
+        reference = all_outputs(source_predictor(), subset, source.output_names)
     except Exception:  # noqa: BLE001 - the evaluation, which runs it too, says why
         return []
     notes = []
     for fmt in checked:
         try:
-            run = _runner(fmt, graphs[fmt])
-            runs = [run(sample) for sample in samples]
+            outputs = all_outputs(_runner(fmt, graphs[fmt]), subset, reference.names)
         except Exception:  # noqa: BLE001 - a graph that does not run here is the evaluation's to report
             continue
-        worst = _worst_output(runs, reference, source.output_names, gate.outputs)
-        floor = min(gate.min_cosine, MIN_COSINE)
-        if worst is None or worst[1] >= floor:
+        if len(outputs.values) != len(reference.values) or any(
+                o.shape != r.shape for o, r in zip(outputs.values, reference.values)):
             continue
-        output, cosine = worst
+        worst = measure_outputs(fmt, outputs, None, reference, gated=gate.outputs).fidelity
+        floor = min(gate.min_cosine, MIN_COSINE)
+        if worst is None or worst.cosine >= floor:
+            continue
         cause = "".join(f"; {line}" for line in _known_causes(fmt, source))
         other = [f for f in FORMATS if f != fmt and f in ("openvino", "onnx")]
         message = (f"{FORMATS[fmt].label}: the FP32 conversion already misses the gate, before any compression "
-                   f"(output '{output}': cosine {cosine:.5f} to the source in its own framework on {len(samples)} "
-                   f"calibration sample(s), min {floor:g}){cause}")
+                   f"(output '{worst.output}': cosine {worst.cosine:.5f} to the source in its own framework on "
+                   f"{len(subset)} calibration sample(s), min {floor:g}){cause}")
         if gate.metric is not None:
             notes.append(f"{message}; the task metric decides")
             continue
@@ -78,28 +83,6 @@ def _runner(fmt: str, graph) -> Callable[[dict], list[np.ndarray]]:
     session = quiet_session(graph, threads=2)
     wanted = {value.name for value in session.get_inputs()}
     return lambda feeds: session.run(None, {k: v for k, v in feeds.items() if k in wanted})
-
-
-def _worst_output(runs: list[list[np.ndarray]], reference: list[list[np.ndarray]], names: list[str],
-                  gated: tuple[str, ...]) -> tuple[str, float] | None:
-    """The ``gated`` output (every one where empty) with the lowest mean cosine to the source over the samples
-    (inf/NaN where the source is finite counts as disagreement), or None where the graphs give different numbers
-    or shapes of outputs."""
-    from edgeopt.device.agreement import sample_cosines
-
-    if any(len(run) != len(ref) for run, ref in zip(runs, reference)):
-        return None
-    cosines = {}
-    for index in range(len(reference[0])):
-        name = names[index] if index < len(names) else f"output {index}"
-        if gated and name not in gated:
-            continue
-        got = [np.asarray(run[index], np.float64).reshape(1, -1) for run in runs]
-        want = [np.asarray(ref[index], np.float64).reshape(1, -1) for ref in reference]
-        if any(g.shape != w.shape for g, w in zip(got, want)):
-            return None
-        cosines[name] = float(sample_cosines(np.concatenate(got), np.concatenate(want)).mean())
-    return min(cosines.items(), key=lambda item: item[1]) if cosines else None
 
 
 def _known_causes(fmt: str, source) -> list[str]:

@@ -331,9 +331,10 @@ def sample_shapes(spec: str | Path, inputs: list[TensorSpec]) -> dict[str, tuple
             batch = tensor.shape[tensor.batch_dim] or 1
             shapes[tensor.name] = tuple(batch if axis == tensor.batch_dim else d for axis, d in enumerate(shape))
         elif shape is not None and len(shape) not in (rank, rank + 1):
+            concatenated = f", or concatenated on its batch axis (rank {rank})" if tensor.batch_dim is not None else ""
             raise BadInputError(f"{path}: array for input '{tensor.name}' has shape {format_shape(shape)}; the model "
                                 f"expects {format_shape(tensor.shape)} (rank {rank}): samples stacked on a new axis 0 "
-                                f"(rank {rank + 1}), or concatenated on its batch axis (rank {rank})")
+                                f"(rank {rank + 1}){concatenated}")
     return shapes
 
 

@@ -462,7 +462,8 @@ def _run_recipe(source: SourceModel, recipe: Recipe, ctx: PassContext, formats: 
     if not torch_steps:  # after pruning the graphs are another model by design
         with timer("conversion check"):
             working.notes += check_conversions(source, working.graphs, ctx.calibration.samples, formats,
-                                               ctx.gate or QualityGate(), original_predictor(source, EVAL_SETTINGS))
+                                               ctx.gate or QualityGate(),
+                                               functools.partial(original_predictor, source, EVAL_SETTINGS))
     # Size baselines are the original model's, not the model after pruning.
     originals = dict(working.graphs) if not torch_steps else {
         name: FORMATS[name].from_torch(source.torch_module, source.example_input, source.input_names,

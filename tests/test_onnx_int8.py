@@ -614,6 +614,15 @@ def test_an_output_concat_of_mixed_ranges_stays_float(tmp_path):
     assert producers["cat"] == "Concat"  # no QuantizeLinear/DequantizeLinear pair on the output
 
 
+def test_the_race_judges_samples_spread_over_the_evaluation_set():
+    """An evaluation set in clip order begins with one clip (PESTO's: a steady tone, on which every candidate's
+    cosine read near 0): the race's samples are spread over the whole set, first and last included."""
+    from edgeopt.passes.onnx_int8 import spread
+
+    assert spread(list(range(400)), 16)[:3] == [0, 27, 53] and spread(list(range(400)), 16)[-1] == 399
+    assert len(set(spread(list(range(17)), 16))) == 16 and spread([1, 2], 16) == [1, 2]
+
+
 def test_the_logit_of_an_output_sigmoid_stays_float_so_positives_still_fire(tmp_path):
     """openWakeWord's alexa head, calibrated (as wake-word data is) on audio without the wake word: every logit
     negative, so the Sigmoid's input got the range [-17.5, 0] and every score capped at 0.5 (quantize_static's

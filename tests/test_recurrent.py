@@ -275,6 +275,15 @@ def test_a_conversion_that_computes_another_function_is_named_before_compression
     assert not (tmp_path / "a").exists()
     result = cli("compress", tmp_path / "peep.onnx", "--calib", data, "--format", "onnx", "--out", tmp_path / "b")
     assert result.exit_code == 0, result.output
+    metric = tmp_path / "metric.py"  # with a task metric the cosine is not the verdict: a note, the metric decides
+    metric.write_text("from edgeopt import metric\n@metric(primary='m', higher_is_better=True, max_drop=1.0)\n"
+                      "def m(outputs, targets):\n    return {'m': 1.0}\n")
+    result = cli("compress", tmp_path / "peep.onnx", "--calib", data, "--eval", data, "--metric", f"{metric}:m",
+                 "--format", "openvino", "--out", tmp_path / "m")
+    assert result.exit_code == 0, result.output
+    notes = json.loads((tmp_path / "m" / "report.json").read_text())["notes"]
+    assert any("the FP32 conversion already misses the gate" in n and n.endswith("the task metric decides")
+               for n in notes), notes
     _peephole_lstm(tmp_path / "plain.onnx", peepholes=False)
     result = cli("compress", tmp_path / "plain.onnx", "--calib", data, "--format", "openvino", "--out", tmp_path / "c")
     assert result.exit_code == 0, result.output

@@ -46,6 +46,8 @@ def _descriptor_1(stream):
     try:
         yield
     finally:
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            sys.__stdout__.flush()  # what Python code wrote to the real stdout within the block goes with it
         _flush_native()
         os.dup2(saved, 1)
         os.close(saved)
