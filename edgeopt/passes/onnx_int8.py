@@ -84,6 +84,7 @@ MAX_UNFUSED = 0.1  # a graph with more than 10% of its quantized Conv/Gemm/MatMu
 FLOOR_SIZE_SLACK = 1.1  # a candidate reaching the gate where the fusable ones miss may be at most this much larger
 CHOICE_SAMPLES = 16  # samples the backends' fidelity is compared on (held-out ones when given)
 DECISIVE = 0.10  # a contender replaces the rule's pick only when its whole interval is this much faster
+SMALLER_BY = 0.10  # ... or, as faithful and as fused, when its file is this much smaller (choose)
 WEIGHTS_ONLY = "weights-only"  # int8 weights, float compute (edgeopt.passes.onnx_weights_only)
 BACKENDS = ("nncf", "ort", "ort-conv")  # built by default for a CNN, in the rule's order (COMPUTE_OPS: what "ort-conv"
 # quantizes, and their Relu/Clip); (WEIGHTS_ONLY,) instead where int8 compute cannot pay (edgeopt.onnx_work)
@@ -497,16 +498,18 @@ def choose(built: list[Built], floor: float | None = None) -> Built:
     """The deterministic rule: the first of ``PREFERRED`` that contends (``ort-hybrid``: the dynamic recipe with
     the Convs fused too; ``ANCHOR``: quantize_static's recipe, so that edgeopt's default is what a user gets from
     ONNX Runtime's own quantizer); else the best fidelity (cosine to 4 decimals), then fewest unfused ops, then
-    ``ORDER``. Not size: every candidate stores int8 weights, their files differ by a few percent. The other
-    contenders, and ``WEIGHTS_ONLY`` beside others, win only by decisive measured speed (:func:`pick`). ``floor``: as
-    :func:`contenders`."""
+    ``ORDER``. Size only where the files differ by more than the few percent int8 weights leave: a contender at
+    least ``SMALLER_BY`` smaller than that pick, as faithful and as fused, dominates it (madmom's beat TCN: ``ort``
+    128.7 KB at cosine 0.9944, ``ort-conv`` 102.7 KB at 0.9986, 0.98x its p50: its activation quantizers outweigh
+    a small model's weights). The other contenders, and ``WEIGHTS_ONLY`` beside others, win only by decisive
+    measured speed (:func:`pick`). ``floor``: as :func:`contenders`."""
     pool = contenders(built, floor)
     pool = [b for b in pool if b.backend != WEIGHTS_ONLY] or pool
-    for preferred in PREFERRED:
-        for b in pool:
-            if b.backend == preferred:
-                return b
-    return min(pool, key=lambda b: (-round(b.cosine, 4), b.unfused, _order(b.backend)))
+    preferred = next((b for name in PREFERRED for b in pool if b.backend == name), None)
+    first = preferred or min(pool, key=lambda b: (-round(b.cosine, 4), b.unfused, _order(b.backend)))
+    dominating = [b for b in pool if b.bytes and first.bytes and b.bytes <= (1 - SMALLER_BY) * first.bytes
+                  and round(b.cosine, 4) >= round(first.cosine, 4) and b.unfused <= first.unfused]
+    return min(dominating, key=lambda b: (b.bytes, _order(b.backend))) if dominating else first
 
 
 def _order(backend: str) -> int:
@@ -578,8 +581,12 @@ def _pick(built: list[Built], rule: Built) -> tuple[Built, str]:
     alone = ("the only usable candidate" if len(built) == 1 else
              "the fusable candidates miss the quality gate's cosine and this one reaches it" if unfusable_on_purpose
              else "the only contender (the others are not fusable or not within the fidelity tolerance)")
+    dominated = next((b for name in PREFERRED for b in built if b.contender and b.backend == name
+                      and b is not rule), None)
     default = (f"{ANCHOR} (quantize_static's recipe) contends" if rule.backend == ANCHOR else
                f"{rule.backend} (Convs static, MatMuls dynamic) contends" if rule.backend == HYBRID_BACKEND else
+               f"at least {SMALLER_BY:.0%} smaller than {dominated.backend} ({rule.bytes} vs {dominated.bytes} B), "
+               f"as faithful and as fused" if dominated is not None else
                "fusable, best fidelity, then fewest unfused ops, backend order")
     why = (alone if not others else
            f"by the deterministic rule ({default}); no other contender decisively faster ({COVERAGE:.0%} interval "
