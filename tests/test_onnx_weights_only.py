@@ -72,7 +72,7 @@ def test_weight_dequantize_takes_the_form_onnx_runtime_runs_fastest(tmp_path):
     (NNCF writes ``axis=-1``, which it does not); some scales its DequantizeLinear refuses (NNCF's ``[out, in]``
     for a Conv1d weight, ``[out, 1, 1]`` for a Conv2d one). Conv weights rebuilt in float, folded at load (a scale
     per ``(out, in)`` pair requantized per output channel); the MatMul's kept, on axis 1, fused; a weight in a QDQ
-    group (its Conv reads a dequantized activation) left as it is."""
+    group ONNX Runtime fuses (its Conv reads a dequantized activation and feeds a QuantizeLinear) left as it is."""
     rng = np.random.default_rng(0)
     conv1d = rng.integers(0, 256, (6, 4, 3)).astype(np.uint8)  # asymmetric, scale and zero point [out, in]
     scale1d, zero1d = rng.random((6, 4)).astype(np.float32) / 50, rng.integers(100, 156, (6, 4)).astype(np.uint8)
@@ -94,7 +94,9 @@ def test_weight_dequantize_takes_the_form_onnx_runtime_runs_fastest(tmp_path):
              helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),  # a QDQ Conv: ONNX Runtime's to fuse
              helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
              helper.make_node("DequantizeLinear", ["w4", "s4"], ["f4"]),
-             helper.make_node("Conv", ["xd", "f4"], ["y4"])]
+             helper.make_node("Conv", ["xd", "f4"], ["c4"]),
+             helper.make_node("QuantizeLinear", ["c4", "xs", "xz"], ["q4"]),
+             helper.make_node("DequantizeLinear", ["q4", "xs", "xz"], ["y4"])]
     inits = [numpy_helper.from_array(v, k) for k, v in arrays.items()]
     inits.append(numpy_helper.from_array(np.array([2], np.int64), "axes"))
     graph = helper.make_graph(nodes, "w", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 10])],
@@ -124,6 +126,33 @@ def test_weight_dequantize_takes_the_form_onnx_runtime_runs_fastest(tmp_path):
     assert float(got @ want / np.linalg.norm(got) / np.linalg.norm(want)) > 0.9999
     ran = optimized_ops(model, tmp_path)
     assert "MatMulNBits" in ran and "Cast" not in ran and "Sub" not in ran  # fused; the rest folded at load
+
+
+@pytest.mark.parametrize("opset, readers, kept", [(13, 1, True), (13, 2, False), (11, 1, False)])
+def test_a_matmul_weight_stays_dequantized_only_where_onnx_runtime_fuses_it(tmp_path, opset, readers, kept):
+    """A weight two MatMuls share (an unrolled RNN's step) is not fused, and below opset 13 a per-axis
+    DequantizeLinear does not load: those are folded to float at load, as any other; a second fold changes
+    nothing."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.integers(-127, 128, (8, 8)).astype(np.int8), "w"),
+             numpy_helper.from_array(np.full(8, 0.01, np.float32), "s")]
+    dq = helper.make_node("DequantizeLinear", ["w", "s"], ["f"], **({"axis": 1} if opset >= 13 else {}))
+    if opset < 13:
+        inits[1] = numpy_helper.from_array(np.float32(0.01), "s")
+    nodes = [dq] + [helper.make_node("MatMul", ["x" if i == 0 else f"y{i - 1}", "f"], [f"y{i}"])
+                    for i in range(readers)]
+    graph = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info(f"y{readers - 1}", TensorProto.FLOAT, [1, 8])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    x = rng.standard_normal((1, 8)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    fold_weight_dequantize(model)
+    assert ("DequantizeLinear" in [n.op_type for n in model.graph.node]) is kept
+    assert fold_weight_dequantize(model) == ([], [])  # already in its form
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, atol=0.05 * np.abs(want).max())  # fused: int8 activation blocks
+    ran = optimized_ops(model, tmp_path)
+    assert ("MatMulNBits" in ran) is kept and "DequantizeLinear" not in ran and "Cast" not in ran
 
 
 def test_bias_correction_cancels_the_mean_shift_of_rounding(net):

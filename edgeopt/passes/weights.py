@@ -4,7 +4,9 @@ Activations stay in floating point; MatMul/Conv/Gather weights become INT8 (per 
 ``group_size`` input channels) with FP16 scales. ``mode="auto"`` picks per model and device profile
 (``default_weight_compression``). Runs on the OpenVINO model and, when ONNX output is wanted, on the ONNX model
 (NNCF's ONNX backend writes INT8 as DequantizeLinear, put in the form ONNX Runtime runs fastest by
-``fold_weight_dequantize``, and INT4 as ONNX Runtime's MatMulNBits; INT4 asym is refused for ONNX because ONNX
+``fold_weight_dequantize``: a MatMul's fused into an 8-bit MatMulNBits, which at ONNX Runtime's default accuracy
+level 4 quantizes its activation to int8 per block of 32 inside the kernel (about 1% relative error), the others
+folded to float at load; and INT4 as ONNX Runtime's MatMulNBits; INT4 asym is refused for ONNX because ONNX
 Runtime rejects the zero points NNCF writes for it, and GPTQ because NNCF's ONNX backend lacks it).
 """
 
@@ -169,7 +171,7 @@ def weights(model: WorkingModel, ctx: PassContext, config: WeightsConfig) -> Non
         if requantized:
             skipped.append(f"weights (ONNX): {len(requantized)} weight(s) ({', '.join(requantized[:3])}"
                            f"{', ...' if len(requantized) > 3 else ''}) requantized per output channel from the "
-                           "values NNCF stored (NNCF wrote a scale per output and input channel)")
+                           "values NNCF stored (its scales ran along another axis too, or only along the input one)")
     int4 = mode.startswith("int4")
     mixed = int4 and ((ratio is not None and ratio < 1) or not all_layers)
     rest = "float" if backup_mode == "none" else "int8"
