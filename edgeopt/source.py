@@ -28,7 +28,7 @@ from edgeopt.device.runtime import (
 )
 from edgeopt.errors import BadInputError, first_line
 from edgeopt.onnx_prep import describe_unsupported, quantized_ops
-from edgeopt.torch_inputs import default_input_names, torch_call
+from edgeopt.torch_inputs import default_input_names, does_not_run, torch_call
 from edgeopt.user_code import call, is_function_spec, load_function
 
 TORCH_ARCHIVE_SUFFIXES = (".pt", ".pth", ".pt2", ".ts", ".torchscript")
@@ -252,6 +252,10 @@ def to_openvino(module, example_input: tuple, input_names: list[str], output_nam
         return _to_openvino(rewritten, example_input, input_names, output_names)
 
 
+NO_IR = ("; edgeopt converts every model to an IR, its size and quality reference, --format onnx too: export "
+         "it with torch.onnx.export and compress the .onnx file")
+
+
 def _to_openvino(module, example_input: tuple, input_names: list[str], output_names: list[str] | None):
     import openvino as ov
     import torch
@@ -261,12 +265,12 @@ def _to_openvino(module, example_input: tuple, input_names: list[str], output_na
             model = ov.convert_model(module, example_input=example_input)
     except Exception as exc:
         if isinstance(module, torch.export.ExportedProgram):
-            raise BadInputError(f"OpenVINO cannot convert the PyTorch model ({first_line(exc)})") from exc
+            raise BadInputError(f"OpenVINO cannot convert the PyTorch model ({first_line(exc)}){NO_IR}") from exc
         try:  # code that does not survive torch.jit.trace (e.g. some transformers masks) often exports
             with torch.no_grad():
                 model = ov.convert_model(torch.export.export(module, tuple(example_input), strict=False))
         except Exception:
-            raise BadInputError(f"OpenVINO cannot convert the PyTorch model ({first_line(exc)})") from exc
+            raise BadInputError(f"OpenVINO cannot convert the PyTorch model ({first_line(exc)}){NO_IR}") from exc
     for port, name in zip(model.inputs, input_names):
         port.get_tensor().set_names({name})
     try:
@@ -485,12 +489,38 @@ def _load_torch_archive(path: Path, input_shapes: dict, shapes_from: str) -> Sou
             module = torch.jit.load(str(path), map_location="cpu").eval()
             example = None
     except Exception as exc:
+        if _is_torch_package(path):
+            raise BadInputError(f"{path}: a torch.package archive, not a TorchScript file: load its model in a "
+                                "factory (file.py:function returning the module and an example input; "
+                                "torch.package.PackageImporter(path).load_pickle(package, resource))") from exc
         raise BadInputError(f"{path}: not a TorchScript or torch.export archive ({first_line(exc)})") from exc
-    if example is None:
-        if not input_shapes:
-            raise BadInputError(f"{path}: give the input shapes with --input-shape NAME=D1,D2,...")
-        example = tuple(torch.zeros(shape) for shape in input_shapes.values())
-    return torch_source(path, module, example, input_shapes, shapes_name_inputs=True, shapes_from=shapes_from)
+    if example is not None:
+        return torch_source(path, module, example, input_shapes, shapes_name_inputs=True, shapes_from=shapes_from)
+    arguments = [(a.name, str(a.type)) for a in module.forward.schema.arguments[1:]]  # its own names and types
+    other = [(name, kind) for name, kind in arguments if kind != "Tensor"]
+    if other:
+        raise BadInputError(f"{path}: input '{other[0][0]}' is {other[0][1]}, not a tensor: edgeopt feeds tensors; "
+                            "call the model's tensor part from a factory (file.py:function)")
+    names = [name for name, _ in arguments]
+    given = one_input_alias(names, input_shapes)
+    _check_names(path, names, given, shapes_from)
+    missing = [name for name in names if name not in given]
+    if missing:  # a TorchScript file records no shapes (nor dtypes)
+        raise BadInputError(f"{path}: give the input shapes with --input-shape "
+                            + " ".join(f"{name}=D1,D2,..." for name in missing))
+    example = tuple(torch.zeros(given[name]) for name in names)
+    return torch_source(path, module, example, given, shapes_from=shapes_from)
+
+
+def _is_torch_package(path: Path) -> bool:
+    """A ``torch.package`` archive (Silero's models ship so): a zip whose top folder holds ``.data/``."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return any("/.data/" in name for name in archive.namelist()[:64])
+    except (OSError, zipfile.BadZipFile):
+        return False
 
 
 def torch_source(path: Path, module, example, input_shapes: dict, *, shapes_name_inputs: bool = False,
@@ -556,9 +586,7 @@ def _check_runs(path: Path, module, example: tuple, shapes_from: str) -> None:
         with torch.no_grad():
             runnable(*example)
     except Exception as exc:
-        shapes = ", ".join(format_shape(tuple(t.shape)) for t in example)
-        raise BadInputError(f"{path}: the model does not run on inputs of shape {shapes} "
-                            f"(check {shapes_from}: {first_line(exc, 160)})") from exc
+        raise does_not_run(str(path), example, exc, shapes_from) from exc
 
 
 def _resolve_shapes(path: Path, specs: list[TensorSpec], input_shapes: dict, recorded: dict | None = None,

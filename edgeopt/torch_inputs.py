@@ -127,8 +127,7 @@ def torch_call(module, example, where: str, names: list[str] | None = None) -> T
         with torch.no_grad():
             out = module(*positional, **keywords)
     except Exception as exc:
-        shapes = ", ".join(str(list(t.shape)) for t in positional + tuple(keywords.values()))
-        raise BadInputError(f"{where}: the model does not run on inputs of shape {shapes} ({first_line(exc)})") from exc
+        raise does_not_run(where, positional + tuple(keywords.values()), exc) from exc
     keys, tensors = flat_outputs(out)
     if keywords:
         names = list(names) + list(keywords)
@@ -153,3 +152,17 @@ def _takes_kwargs(module) -> bool:
         return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(module.forward).parameters.values())
     except (TypeError, ValueError, AttributeError):
         return False
+
+
+def does_not_run(where: str, example: tuple, exc: Exception, shapes_from: str | None = None) -> BadInputError:
+    """The one-line refusal of a model that does not run on ``example``: the cause (TorchScript's first line says
+    only that its interpreter failed; its last names the cause), and where it wants integers, how to give them."""
+    shapes = ", ".join(str(list(t.shape)) for t in example)
+    reason = first_line(exc, 200)
+    if "TorchScript interpreter" in reason:
+        reason = [line for line in str(exc).splitlines() if line.strip()][-1].strip()[:200]
+    integers = ("Long" in str(exc) or "Int" in str(exc)) and "Float" in str(exc)
+    hint = ("; it wants integer inputs, and a TorchScript file records no input types: a factory "
+            "(file.py:function) gives an example of the right types" if integers else "")
+    check = f"check {shapes_from}: " if shapes_from else ""
+    return BadInputError(f"{where}: the model does not run on inputs of shape {shapes} ({check}{reason}){hint}")

@@ -345,3 +345,33 @@ def test_a_model_only_onnx_cannot_export_gets_the_format_that_converts(cli, tmp_
     result = cli("compress", f"{factory}:build", "--calib", data, "--out", tmp_path / "o")
     assert result.exit_code == 2, result.output
     assert result.stderr.strip().endswith("; --format openvino writes the OpenVINO IR without it"), result.stderr
+
+
+def test_torchscript_files_as_silero_ships_them_get_one_clear_line(cli, tmp_path, tiny_calib):
+    """Silero's stress models: a torch.package archive (called "possibly corrupted"), a scripted model taking
+    List[str] (asked for shapes), one taking int64 ids (fed float zeros: "the TorchScript interpreter failed"), and
+    an --input-shape name that is not the model's (applied by position). Each is one line naming what to do."""
+    from typing import List
+
+    class Words(torch.nn.Module):
+        def forward(self, ids: torch.Tensor, words: List[str]) -> torch.Tensor:
+            return ids * len(words)
+
+    scripted = tmp_path / "words.pt"
+    torch.jit.script(Words()).save(str(scripted))
+    embed = tmp_path / "embed.pt"
+    torch.jit.trace(torch.nn.Embedding(10, 4), torch.zeros(1, 5, dtype=torch.int64)).save(str(embed))
+    package = tmp_path / "package.pt"
+    with torch.package.PackageExporter(str(package)) as exporter:
+        exporter.intern("**")
+        exporter.save_pickle("model", "model.pkl", torch.nn.Linear(2, 2))
+    cases = [(package, [], "a torch.package archive, not a TorchScript file: load its model in a factory"),
+             (scripted, [], "input 'words' is List[str], not a tensor: edgeopt feeds tensors"),
+             (embed, ["--input-shape", "ids=1,5"], "--input-shape names unknown input(s) ids; the model's inputs "
+                                                   "are input"),
+             (embed, ["--input-shape", "input=1,5"], "Expected tensor for argument #1 'indices' to have one of the "
+                                                     "following scalar types: Long, Int")]
+    for model, extra, says in cases:
+        result = cli("compress", model, "--calib", tiny_calib, "--out", tmp_path / "o", *extra)
+        assert result.exit_code == 2 and says in result.stderr and result.stderr.count("\n") == 1, result.stderr
+    assert "it wants integer inputs, and a TorchScript file records no input types" in result.stderr
