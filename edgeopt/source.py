@@ -496,12 +496,14 @@ def _load_torch_archive(path: Path, input_shapes: dict, shapes_from: str) -> Sou
         raise BadInputError(f"{path}: not a TorchScript or torch.export archive ({first_line(exc)})") from exc
     if example is not None:
         return torch_source(path, module, example, input_shapes, shapes_name_inputs=True, shapes_from=shapes_from)
-    arguments = [(a.name, str(a.type)) for a in module.forward.schema.arguments[1:]]  # its own names and types
-    other = [(name, kind) for name, kind in arguments if kind != "Tensor"]
+    arguments = [(a.name, str(a.type), a.has_default_value()) for a in module.forward.schema.arguments[1:]]
+    while arguments and arguments[-1][2] and arguments[-1][0] not in input_shapes:  # trailing defaults: not fed
+        arguments.pop()
+    other = [(name, kind) for name, kind, _ in arguments if kind != "Tensor"]
     if other:
         raise BadInputError(f"{path}: input '{other[0][0]}' is {other[0][1]}, not a tensor: edgeopt feeds tensors; "
                             "call the model's tensor part from a factory (file.py:function)")
-    names = [name for name, _ in arguments]
+    names = [name for name, _, _ in arguments]
     given = one_input_alias(names, input_shapes)
     _check_names(path, names, given, shapes_from)
     missing = [name for name in names if name not in given]
