@@ -10,6 +10,7 @@ A model spec is a path; ``file.py:factory`` names a Python function returning ``
 from __future__ import annotations
 
 import functools
+import re
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -494,33 +495,47 @@ def _load_torch_archive(path: Path, input_shapes: dict, shapes_from: str) -> Sou
                                 "factory (file.py:function returning the module and an example input; "
                                 "torch.package.PackageImporter(path).load_pickle(package, resource))") from exc
         raise BadInputError(f"{path}: not a TorchScript or torch.export archive ({first_line(exc)})") from exc
-    if example is not None:
+    if example is None:
+        names = _script_inputs(path, module, input_shapes)
+        if not input_shapes:  # a TorchScript file records no shapes (nor dtypes)
+            raise BadInputError(f"{path}: give the input shapes with "
+                                + " ".join(f"--input-shape {name}=D1,D2,..." for name in names or ["NAME"]))
+        example = tuple(torch.zeros(shape) for shape in input_shapes.values())
+    try:
         return torch_source(path, module, example, input_shapes, shapes_name_inputs=True, shapes_from=shapes_from)
+    except BadInputError as exc:
+        floats = all(t.is_floating_point() for t in example if isinstance(t, torch.Tensor))
+        if path.suffix.lower() == ".pt2" or not floats or not re.search(r"\b(Long|Int|int32|int64)\b", str(exc)):
+            raise
+        raise BadInputError(f"{exc}; it wants integer inputs, and a TorchScript file records no input types: a "
+                            "factory (file.py:function) gives an example of the right types") from exc
+
+
+def _script_inputs(path: Path, module, input_shapes: dict) -> list[str]:
+    """A TorchScript module's inputs by ``forward()``'s schema (trailing ones with defaults left out unless given
+    a shape); an input that is no tensor (Silero's stress model takes ``List[str]``) is refused in one line."""
+    import torch
+
+    if not isinstance(module, torch.jit.ScriptModule) or not hasattr(module, "forward"):
+        return []
     arguments = [(a.name, str(a.type), a.has_default_value()) for a in module.forward.schema.arguments[1:]]
-    while arguments and arguments[-1][2] and arguments[-1][0] not in input_shapes:  # trailing defaults: not fed
+    while arguments and arguments[-1][2] and arguments[-1][0] not in input_shapes:
         arguments.pop()
-    other = [(name, kind) for name, kind, _ in arguments if kind != "Tensor"]
+    other = [(name, kind) for name, kind, _ in arguments if kind not in ("Tensor", "Optional[Tensor]")]
     if other:
         raise BadInputError(f"{path}: input '{other[0][0]}' is {other[0][1]}, not a tensor: edgeopt feeds tensors; "
                             "call the model's tensor part from a factory (file.py:function)")
-    names = [name for name, _, _ in arguments]
-    given = one_input_alias(names, input_shapes)
-    _check_names(path, names, given, shapes_from)
-    missing = [name for name in names if name not in given]
-    if missing:  # a TorchScript file records no shapes (nor dtypes)
-        raise BadInputError(f"{path}: give the input shapes with --input-shape "
-                            + " ".join(f"{name}=D1,D2,..." for name in missing))
-    example = tuple(torch.zeros(given[name]) for name in names)
-    return torch_source(path, module, example, given, shapes_from=shapes_from)
+    return [name for name, _, _ in arguments]
 
 
 def _is_torch_package(path: Path) -> bool:
-    """A ``torch.package`` archive (Silero's models ship so): a zip whose top folder holds ``.data/``."""
+    """A ``torch.package`` archive (Silero's models ship so): a zip holding ``.data/extern_modules``, which only
+    packages have (every torch.save zip holds ``.data/serialization_id``)."""
     import zipfile
 
     try:
         with zipfile.ZipFile(path) as archive:
-            return any("/.data/" in name for name in archive.namelist()[:64])
+            return any(name.endswith("/.data/extern_modules") for name in archive.namelist())
     except (OSError, zipfile.BadZipFile):
         return False
 

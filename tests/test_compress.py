@@ -349,8 +349,8 @@ def test_a_model_only_onnx_cannot_export_gets_the_format_that_converts(cli, tmp_
 
 def test_torchscript_files_as_silero_ships_them_get_one_clear_line(cli, tmp_path, tiny_calib):
     """Silero's stress models: a torch.package archive (called "possibly corrupted"), a scripted model taking
-    List[str] (asked for shapes), one taking int64 ids (fed float zeros: "the TorchScript interpreter failed"), and
-    an --input-shape name that is not the model's (applied by position). Each is one line naming what to do."""
+    List[str] (asked for shapes), one taking int64 ids (fed float zeros: "the TorchScript interpreter failed").
+    Each is one line naming what to do; a torch.save checkpoint is no package, and shapes are asked for by name."""
     from typing import List
 
     class Words(torch.nn.Module):
@@ -365,10 +365,12 @@ def test_torchscript_files_as_silero_ships_them_get_one_clear_line(cli, tmp_path
     with torch.package.PackageExporter(str(package)) as exporter:
         exporter.intern("**")
         exporter.save_pickle("model", "model.pkl", torch.nn.Linear(2, 2))
+    checkpoint = tmp_path / "weights.pt"
+    torch.save(torch.nn.Linear(2, 2).state_dict(), str(checkpoint))
     cases = [(package, [], "a torch.package archive, not a TorchScript file: load its model in a factory"),
+             (checkpoint, [], "not a TorchScript or torch.export archive"),
              (scripted, [], "input 'words' is List[str], not a tensor: edgeopt feeds tensors"),
-             (embed, ["--input-shape", "ids=1,5"], "--input-shape names unknown input(s) ids; the model's inputs "
-                                                   "are input"),
+             (embed, [], "give the input shapes with --input-shape input=D1,D2,..."),
              (embed, ["--input-shape", "input=1,5"], "Expected tensor for argument #1 'indices' to have one of the "
                                                      "following scalar types: Long, Int")]
     for model, extra, says in cases:
