@@ -32,6 +32,7 @@ def check_conversions(source, graphs: dict, samples: list[dict], formats: tuple[
     source's own format are the source, and are not checked. It runs with or without evaluation data: a
     conversion that computes another function is no artifact to write."""
     from edgeopt.data import SampleSet
+    from edgeopt.dynamic_axes import onnx_runner, openvino_runner
     from edgeopt.evaluate import all_outputs, measure_outputs
     from edgeopt.formats import FORMATS
 
@@ -46,7 +47,8 @@ def check_conversions(source, graphs: dict, samples: list[dict], formats: tuple[
     notes = []
     for fmt in checked:
         try:
-            outputs = all_outputs(_runner(fmt, graphs[fmt]), subset, reference.names)
+            run = openvino_runner if fmt == "openvino" else onnx_runner  # FP32: graphs compared, not precisions
+            outputs = all_outputs(run(graphs[fmt]), subset, reference.names)
         except Exception:  # noqa: BLE001 - a graph that does not run here is the evaluation's to report
             continue
         if len(outputs.values) != len(reference.values) or any(
@@ -66,23 +68,6 @@ def check_conversions(source, graphs: dict, samples: list[dict], formats: tuple[
             continue
         raise BadInputError(f"{message}; --format {','.join(other)} leaves this format out")
     return notes
-
-
-def _runner(fmt: str, graph) -> Callable[[dict], list[np.ndarray]]:
-    """``graph`` (an OpenVINO or ONNX model) run in FP32 on 2 threads (the check compares graphs, not
-    precisions)."""
-    if fmt == "openvino":
-        import openvino as ov
-
-        compiled = ov.Core().compile_model(graph, "CPU", {"INFERENCE_PRECISION_HINT": "f32",
-                                                          "INFERENCE_NUM_THREADS": 2})
-        wanted = {port.get_any_name() for port in graph.inputs}
-        return lambda feeds: [np.asarray(v) for v in compiled({k: v for k, v in feeds.items() if k in wanted}).values()]
-    from edgeopt.onnx_prep import quiet_session
-
-    session = quiet_session(graph, threads=2)
-    wanted = {value.name for value in session.get_inputs()}
-    return lambda feeds: session.run(None, {k: v for k, v in feeds.items() if k in wanted})
 
 
 def _known_causes(fmt: str, source) -> list[str]:

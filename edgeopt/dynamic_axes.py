@@ -291,13 +291,15 @@ def _recorded(axes: dict[str, list[int]], sample: dict[str, np.ndarray]) -> str:
     return jsonio.dumps({name: list(sample[name].shape) for name in axes}, sort_keys=True)
 
 
-def _onnx_runner(model) -> Callable[[dict[str, np.ndarray]], list[np.ndarray]]:
+def onnx_runner(model) -> Callable[[dict[str, np.ndarray]], list[np.ndarray]]:
+    """The ONNX model in ONNX Runtime on 2 threads, fed the inputs it has."""
     session = _session(model.SerializeToString())
     return lambda feeds: _run(session, feeds)
 
 
-def _openvino_runner(model) -> Callable[[dict[str, np.ndarray]], list[np.ndarray]]:
-    """The model compiled for the CPU in FP32 on 2 threads: the check compares graphs, not precisions."""
+def openvino_runner(model) -> Callable[[dict[str, np.ndarray]], list[np.ndarray]]:
+    """The model compiled for the CPU in FP32 on 2 threads, fed the inputs it has: the checks compare graphs, not
+    precisions."""
     import openvino as ov
 
     compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 2})
@@ -317,9 +319,9 @@ class _Kind:
 
 
 _ONNX = _Kind("ONNX artifact", lambda model: [value.name for value in model.graph.input], _declared_onnx,
-              _onnx_runner)
+              onnx_runner)
 _OPENVINO = _Kind("OpenVINO IR", lambda model: [port.get_any_name() for port in model.inputs], _declared_openvino,
-                  _openvino_runner)
+                  openvino_runner)
 
 
 def _session(model):

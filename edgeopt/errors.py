@@ -44,10 +44,13 @@ def first_line(exc: BaseException, limit: int = 300) -> str:
     """The first informative line of an exception's message, for one-line error reports.
 
     Runtimes written in C++ (OpenVINO) start their messages with source locations; those lines are skipped.
+    TorchScript's interpreter starts with a line saying only that it failed, and names the cause last.
     """
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
     informative = [line for line in lines if not line.startswith(_LOCATION_PREFIXES)]
     chosen = informative[0] if informative else (lines[0] if lines else type(exc).__name__)
+    if chosen.startswith(_TORCHSCRIPT_HEADER):
+        chosen = informative[-1]
     key = next((line for line in informative if line.lstrip("- ").startswith(_KEY_LINES)), None)
     failed = _failed_operation(informative)
     if key:  # OpenVINO's conversion report: the summary line names the ops it has no rule for
@@ -59,6 +62,7 @@ def first_line(exc: BaseException, limit: int = 300) -> str:
     return chosen[:limit]
 
 
+_TORCHSCRIPT_HEADER = "The following operation failed in the TorchScript interpreter"
 _KEY_LINES = ("No conversion rule found for operations",)
 
 

@@ -155,11 +155,8 @@ def _takes_kwargs(module) -> bool:
 
 
 def does_not_run(where: str, example: tuple, exc: Exception, shapes_from: str | None = None) -> BadInputError:
-    """The one-line refusal of a model that does not run on ``example``, with its cause (TorchScript's first line
-    says only that its interpreter failed; its last names the cause)."""
+    """The one-line refusal of a model that does not run on ``example``, with its cause."""
     shapes = ", ".join(str(list(t.shape)) for t in example)
-    reason = first_line(exc, 200)
-    if "TorchScript interpreter" in reason:
-        reason = first_line([line for line in str(exc).splitlines() if line.strip()][-1].strip(), 200)
     check = f"check {shapes_from}: " if shapes_from else ""
-    return BadInputError(f"{where}: the model does not run on inputs of shape {shapes} ({check}{reason})")
+    return BadInputError(f"{where}: the model does not run on inputs of shape {shapes} ({check}"
+                         f"{first_line(exc, 200)})")

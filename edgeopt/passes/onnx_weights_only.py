@@ -182,13 +182,14 @@ def fold_weight_dequantize(model, weights: set[str] | None = None) -> tuple[list
                                 f"'{node.input[0]}' of shape {list(stored.shape)} fits none of its axes "
                                 "(use --format openvino)")
         users = readers.get(node.output[0], [])
-        matmul = (fuses_matmul and stored.ndim == 2 and len(users) == 1 and users[0].op_type == "MatMul"
-                  and list(users[0].input).index(node.output[0]) == 1)  # a shared one is not fused: folded
+        reader = users[0] if len(users) == 1 and list(users[0].input).index(node.output[0]) == 1 else None
+        # a weight two readers share is not fused: folded
+        matmul = fuses_matmul and stored.ndim == 2 and getattr(reader, "op_type", "") == "MatMul"
         if matmul and fused_already(node, stored, scale, attributes):
             nodes.append(node)
             continue
-        if len(users) == 1 and users[0].op_type in WEIGHT_OPS and list(users[0].input).index(node.output[0]) == 1:
-            axis = weight_output_axis(users[0], stored.ndim)
+        if reader is not None and reader.op_type in WEIGHT_OPS:
+            axis = weight_output_axis(reader, stored.ndim)
         if sum(size > 1 for size in shape) > 1 or (matmul and shape and shape[axis] == 1):
             weight = (stored.astype(np.float32) - (0 if zero is None else zero.reshape(shape))) * scale.reshape(shape)
             stored, scale, zero = (asymmetric_uint8(weight, axis) if stored.dtype == np.uint8
