@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -303,6 +304,17 @@ def test_ignored_patterns_keep_every_matching_operation_float_in_both_files(cli,
         assert result.exit_code == 2 and says in result.output and "Traceback" not in result.output, result.output
 
 
+def _one_input_factory(tmp_path, forward: str) -> tuple[str, Path]:
+    """A factory file whose module's ``forward(self, x)`` returns ``forward`` (x: 1 x 16), and data for it."""
+    factory = tmp_path / "made.py"
+    factory.write_text("import torch\nclass Made(torch.nn.Module):\n    def forward(self, x):\n"
+                       f"        return {forward}\n"
+                       "def build():\n    return Made().eval(), torch.zeros(1, 16)\n")
+    data = tmp_path / "d.npz"
+    np.savez(data, x=np.random.default_rng(0).random((4, 1, 16), dtype=np.float32))
+    return f"{factory}:build", data
+
+
 def test_json_to_stdout_stays_json_when_native_code_prints(tmp_path):
     """torch's ONNX exporter prints its IR graph from C++ to file descriptor 1 when an export fails (PESTO's
     complex-valued CQT: 160 lines before the report), past sys.stdout: ``--json -`` must still be JSON alone, and
@@ -310,19 +322,11 @@ def test_json_to_stdout_stays_json_when_native_code_prints(tmp_path):
     import subprocess
     import sys
 
-    factory = tmp_path / "spectral.py"
-    factory.write_text(
-        "import torch\n"
-        "class Spectral(torch.nn.Module):\n"
-        "    def forward(self, x):\n"
-        "        z = torch.view_as_complex(torch.stack([x, x.flip(-1)], -1))\n"
-        "        return torch.view_as_real(z * z).sum(-1)\n"
-        "def build():\n"
-        "    return Spectral().eval(), torch.zeros(1, 16)\n")
-    data = tmp_path / "d.npz"
-    np.savez(data, x=np.random.default_rng(0).random((4, 1, 16), dtype=np.float32))
+    factory, data = _one_input_factory(  # a complex square: TorchScript's exporter fails, the dynamo one does not
+        tmp_path, "(lambda z: torch.view_as_real(z * z).sum(-1))(torch.view_as_complex(torch.stack([x, x.flip(-1)], "
+                  "-1)))")
     command = [sys.executable, "-c", "from edgeopt.cli import main; main(prog_name='edgeopt')", "compress",
-               f"{factory}:build", "--calib", str(data), "--out", str(tmp_path / "o"), "--json", "-"]
+               factory, "--calib", str(data), "--out", str(tmp_path / "o"), "--json", "-"]
     run = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr  # the TorchScript export fails, the dynamo export does it
     assert json.loads(run.stdout)["schema_version"]
@@ -332,17 +336,8 @@ def test_json_to_stdout_stays_json_when_native_code_prints(tmp_path):
 def test_a_model_only_onnx_cannot_export_gets_the_format_that_converts(cli, tmp_path):
     """PESTO's whole pipeline (a complex-valued CQT) converts to an IR but not to ONNX: the refusal says which
     --format writes what did convert."""
-    factory = tmp_path / "binned.py"
-    factory.write_text(
-        "import torch\n"
-        "class Binned(torch.nn.Module):\n"
-        "    def forward(self, x):\n"
-        "        return torch.searchsorted(torch.linspace(0, 1, 8), x).float() + x\n"
-        "def build():\n"
-        "    return Binned().eval(), torch.zeros(1, 16)\n")
-    data = tmp_path / "d.npz"
-    np.savez(data, x=np.random.default_rng(0).random((4, 1, 16), dtype=np.float32))
-    result = cli("compress", f"{factory}:build", "--calib", data, "--out", tmp_path / "o")
+    factory, data = _one_input_factory(tmp_path, "torch.searchsorted(torch.linspace(0, 1, 8), x).float() + x")
+    result = cli("compress", factory, "--calib", data, "--out", tmp_path / "o")
     assert result.exit_code == 2, result.output
     assert result.stderr.strip().endswith("; --format openvino writes the OpenVINO IR without it"), result.stderr
 
